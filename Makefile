@@ -1,0 +1,34 @@
+# The two commands of the README, and what they stand on.
+# Each target installs what it needs on first use: a virtualenv in .venv with the
+# package and its test extras, and (for the tests) the system tools the sandbox
+# providers use.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+PYTEST_WORKERS ?= 4
+
+.PHONY: demo test lint system-deps clean
+
+$(INSTALLED): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(INSTALLED)
+
+demo: $(INSTALLED)
+	$(BIN)/turnkeeper demo
+
+test: $(INSTALLED) system-deps
+	$(BIN)/pytest -n $(PYTEST_WORKERS) -p no:cacheprovider
+
+lint: $(INSTALLED)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+system-deps:
+	@scripts/system-deps
+
+clean:
+	rm -rf $(VENV) .turnkeeper .mypy_cache .ruff_cache

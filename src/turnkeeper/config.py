@@ -1,0 +1,195 @@
+"""Settings: every knob of turnkeeper, read from ``TURNKEEPER_*`` variables.
+
+Settings are read only at the edges (the CLI, the Celery app, the web app) and
+passed down; no other module reads the environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Self
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from turnkeeper.errors import ConfigError
+
+ENV_PREFIX = "TURNKEEPER_"
+
+_POSTGRES_SCHEMES = {"postgres", "postgresql"}
+_REDIS_SCHEMES = {"redis", "rediss", "unix"}
+_BROKER_SCHEMES = _REDIS_SCHEMES | {"amqp", "amqps", "pyamqp"}
+
+
+def _check_url(value: str, schemes: set[str], what: str) -> str:
+    try:
+        parts = urlsplit(value)
+    except ValueError as exc:
+        raise ValueError(f"not a URL ({exc})") from None
+    scheme = parts.scheme.split("+", 1)[0]
+    if scheme not in schemes:
+        expected = " or ".join(f"{s}://" for s in sorted(schemes))
+        raise ValueError(f"{what} URL must start with {expected}, got {value!r}")
+    if scheme != "unix" and not parts.hostname and "host=" not in parts.query:
+        raise ValueError(f"{what} URL has no host: {value!r}")
+    try:
+        _ = parts.port
+    except ValueError:
+        raise ValueError(f"{what} URL has an invalid port: {value!r}") from None
+    return value
+
+
+def plain_postgres_url(url: str) -> str:
+    """The libpq form of a database URL (``postgresql://...``), whatever driver suffix it had."""
+    scheme, rest = url.split("://", 1)
+    if scheme.split("+", 1)[0] not in _POSTGRES_SCHEMES:
+        raise ConfigError(f"not a PostgreSQL URL: {url!r}")
+    return f"postgresql://{rest}"
+
+
+def sqlalchemy_postgres_url(url: str) -> str:
+    """The SQLAlchemy form of a database URL, always on the psycopg 3 driver."""
+    return "postgresql+psycopg://" + plain_postgres_url(url).split("://", 1)[1]
+
+
+class Settings(BaseSettings):
+    """Every setting of turnkeeper. Durations are seconds; floats are allowed."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        extra="ignore",
+        validate_default=True,
+        frozen=True,
+    )
+
+    # Services. Unset database and Redis URLs mean: start the embedded servers.
+    database_url: str | None = Field(
+        default=None, description="PostgreSQL URL; plain or with a +driver suffix."
+    )
+    redis_url: str | None = Field(default=None, description="Redis URL of the run log.")
+    broker_url: str | None = Field(
+        default=None, description="Celery broker URL; defaults to the Redis URL."
+    )
+    data_dir: Path = Field(
+        default=Path(".turnkeeper"),
+        description="Embedded servers' data and the default sandbox root.",
+    )
+    namespace: str = Field(
+        default="turnkeeper",
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="Prefix of every Redis key and Celery queue, so fleets can share servers.",
+    )
+
+    # Ownership and recovery.
+    lease_ttl: float = Field(default=30.0, gt=0, description="Lease length of a run's owner.")
+    heartbeat_interval: float = Field(default=10.0, gt=0, description="Lease renewal period.")
+    reconcile_interval: float = Field(default=5.0, gt=0, description="Expired-lease scan period.")
+    reap_interval: float = Field(default=60.0, gt=0, description="Sandbox reaping period.")
+    prune_interval: float = Field(default=600.0, gt=0, description="Journal and row pruning.")
+    requeue_after: float = Field(
+        default=30.0, gt=0, description="Re-enqueue queued runs nobody claimed for this long."
+    )
+    max_attempts: int = Field(default=5, ge=1, le=100, description="Attempts before failing.")
+    run_timeout: float = Field(default=3600.0, gt=0, description="Deadline of a run after admit.")
+
+    # Sandboxes and journals.
+    sandbox_provider: Literal["local", "bwrap", "ssh"] = "local"
+    sandbox_root: Path | None = Field(
+        default=None, description="Where local sandboxes live; defaults to DATA_DIR/sandboxes."
+    )
+    journal_max_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
+    journal_stall_timeout: float = Field(default=10.0, gt=0)
+    journal_poll_interval: float = Field(default=0.25, gt=0)
+    orphan_ttl: float = Field(default=3600.0, gt=0, description="Age of an unowned journal.")
+
+    # Retention.
+    log_retention: float = Field(
+        default=86400.0, gt=0, description="How long a closed run log stays readable."
+    )
+    log_max_chunks: int = Field(default=1_000_000, gt=0, description="Trim bound of one log.")
+    settled_retention: float = Field(
+        default=7 * 86400.0, gt=0, description="How long settled runs keep segments and slots."
+    )
+
+    # Web.
+    secret: SecretStr | None = Field(
+        default=None, description="Server secret: stream tokens and journal sentinel nonces."
+    )
+    web_host: str = "127.0.0.1"
+    web_port: int = Field(default=8000, ge=0, le=65535)
+    stream_token_ttl: float = Field(default=3600.0, gt=0)
+
+    # Embedded servers (0: pick a free port on first start, then keep it).
+    embedded_postgres_port: int = Field(default=0, ge=0, le=65535)
+    embedded_redis_port: int = Field(default=0, ge=0, le=65535)
+
+    # Logging.
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["auto", "json", "console"] = "auto"
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str | None) -> str | None:
+        return None if not value else _check_url(value, _POSTGRES_SCHEMES, "database")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        return None if not value else _check_url(value, _REDIS_SCHEMES, "Redis")
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_url(cls, value: str | None) -> str | None:
+        return None if not value else _check_url(value, _BROKER_SCHEMES, "broker")
+
+    @model_validator(mode="after")
+    def _intervals(self) -> Self:
+        if self.heartbeat_interval >= self.lease_ttl:
+            raise ValueError(
+                f"{ENV_PREFIX}HEARTBEAT_INTERVAL ({self.heartbeat_interval}s) must be shorter "
+                f"than {ENV_PREFIX}LEASE_TTL ({self.lease_ttl}s), or every owner loses its lease"
+            )
+        return self
+
+    @property
+    def uses_embedded(self) -> bool:
+        """True when the database or Redis URL is unset and the embedded servers stand in."""
+        return self.database_url is None or self.redis_url is None
+
+    @property
+    def sandboxes_dir(self) -> Path:
+        return self.sandbox_root or self.data_dir / "sandboxes"
+
+    def with_services(self, *, database_url: str, redis_url: str) -> Settings:
+        """A copy pointing at concrete servers (the embedded ones, typically)."""
+        return self.model_copy(update={"database_url": database_url, "redis_url": redis_url})
+
+    def require_database_url(self) -> str:
+        if self.database_url is None:
+            raise ConfigError("TURNKEEPER_DATABASE_URL is not set and no embedded server runs")
+        return self.database_url
+
+    def require_redis_url(self) -> str:
+        if self.redis_url is None:
+            raise ConfigError("TURNKEEPER_REDIS_URL is not set and no embedded server runs")
+        return self.redis_url
+
+    @property
+    def effective_broker_url(self) -> str:
+        return self.broker_url or self.require_redis_url()
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read the settings, turning validation failures into one-line ConfigErrors."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            message = str(error["msg"]).removeprefix("Value error, ")
+            if error["loc"]:
+                name = "_".join(str(part) for part in error["loc"]).upper()
+                message = f"{ENV_PREFIX}{name}: {message}"
+            problems.append(message)
+        raise ConfigError("; ".join(problems), reason="invalid-settings") from None

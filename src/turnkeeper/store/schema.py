@@ -1,0 +1,15 @@
+"""The store's tables, as one SQLAlchemy Core ``MetaData``; migrations follow it."""
+
+from __future__ import annotations
+
+from sqlalchemy import MetaData
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)

@@ -1,0 +1,101 @@
+"""Settings: defaults, environment, URL forms, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from turnkeeper.config import Settings, load_settings, plain_postgres_url, sqlalchemy_postgres_url
+from turnkeeper.errors import ConfigError, TurnkeeperError
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("DATABASE_URL", "REDIS_URL", "BROKER_URL", "DATA_DIR", "LEASE_TTL"):
+        monkeypatch.delenv(f"TURNKEEPER_{name}", raising=False)
+
+
+def test_defaults_are_sane() -> None:
+    settings = load_settings()
+    assert settings.database_url is None
+    assert settings.redis_url is None
+    assert settings.uses_embedded
+    assert settings.data_dir == Path(".turnkeeper")
+    assert settings.sandboxes_dir == Path(".turnkeeper/sandboxes")
+    assert settings.heartbeat_interval < settings.lease_ttl
+    assert settings.secret is None
+
+
+def test_reads_prefixed_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TURNKEEPER_DATABASE_URL", "postgresql://u@db:5433/app")
+    monkeypatch.setenv("TURNKEEPER_REDIS_URL", "redis://cache:6380/2")
+    monkeypatch.setenv("TURNKEEPER_LEASE_TTL", "2.5")
+    monkeypatch.setenv("TURNKEEPER_HEARTBEAT_INTERVAL", "0.5")
+    monkeypatch.setenv("TURNKEEPER_SECRET", "s3cret")
+    settings = load_settings()
+    assert settings.database_url == "postgresql://u@db:5433/app"
+    assert settings.lease_ttl == 2.5
+    assert settings.heartbeat_interval == 0.5
+    assert not settings.uses_embedded
+    assert settings.effective_broker_url == "redis://cache:6380/2"
+    assert settings.secret is not None
+    assert settings.secret.get_secret_value() == "s3cret"
+    assert "s3cret" not in repr(settings)
+
+
+def test_broker_url_overrides_redis() -> None:
+    settings = Settings(redis_url="redis://r:6379/0", broker_url="amqp://guest:guest@mq:5672//")
+    assert settings.effective_broker_url == "amqp://guest:guest@mq:5672//"
+
+
+@pytest.mark.parametrize(
+    ("given", "plain", "alchemy"),
+    [
+        ("postgresql://u@h:5432/d", "postgresql://u@h:5432/d", "postgresql+psycopg://u@h:5432/d"),
+        ("postgres://u@h/d", "postgresql://u@h/d", "postgresql+psycopg://u@h/d"),
+        ("postgresql+psycopg://u@h/d", "postgresql://u@h/d", "postgresql+psycopg://u@h/d"),
+        ("postgresql+psycopg2://u:p@h/d", "postgresql://u:p@h/d", "postgresql+psycopg://u:p@h/d"),
+    ],
+)
+def test_database_url_forms(given: str, plain: str, alchemy: str) -> None:
+    assert Settings(database_url=given).database_url == given
+    assert plain_postgres_url(given) == plain
+    assert sqlalchemy_postgres_url(given) == alchemy
+
+
+@pytest.mark.parametrize(
+    ("overrides", "names"),
+    [
+        ({"database_url": "mysql://u@h/d"}, "TURNKEEPER_DATABASE_URL"),
+        ({"database_url": "postgresql:///nohost"}, "TURNKEEPER_DATABASE_URL"),
+        ({"database_url": "postgresql://h:notaport/d"}, "TURNKEEPER_DATABASE_URL"),
+        ({"redis_url": "http://h:6379"}, "TURNKEEPER_REDIS_URL"),
+        ({"broker_url": "kafka://h"}, "TURNKEEPER_BROKER_URL"),
+        ({"lease_ttl": -1}, "TURNKEEPER_LEASE_TTL"),
+        ({"lease_ttl": 5, "heartbeat_interval": 5}, "TURNKEEPER_HEARTBEAT_INTERVAL"),
+        ({"namespace": "has space"}, "TURNKEEPER_NAMESPACE"),
+        ({"max_attempts": 0}, "TURNKEEPER_MAX_ATTEMPTS"),
+        ({"sandbox_provider": "vm"}, "TURNKEEPER_SANDBOX_PROVIDER"),
+    ],
+)
+def test_bad_settings_name_the_variable(overrides: dict[str, object], names: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(**overrides)
+    assert names in caught.value.message
+    assert "\n" not in str(caught.value)
+    assert isinstance(caught.value, TurnkeeperError)
+
+
+def test_require_urls_explain_what_to_do() -> None:
+    with pytest.raises(ConfigError, match="TURNKEEPER_DATABASE_URL"):
+        Settings().require_database_url()
+    with pytest.raises(ConfigError, match="TURNKEEPER_REDIS_URL"):
+        Settings().require_redis_url()
+
+
+def test_errors_carry_structured_fields() -> None:
+    error = TurnkeeperError("lost", run_id="r1", attempt_id="a1", epoch=3, reason="lease")
+    assert error.context() == {"run_id": "r1", "attempt_id": "a1", "epoch": 3, "reason": "lease"}
+    assert str(error) == "lost (run_id='r1', attempt_id='a1', epoch=3, reason='lease')"
+    assert str(ConfigError()) == "A setting is missing or invalid."
