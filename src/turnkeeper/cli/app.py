@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import signal
-import threading
-
 import typer
 
 from turnkeeper import checkup
+from turnkeeper.cli import fleet, runs
 from turnkeeper.cli.context import console, services, settings_from_env
 from turnkeeper.store import migration
 
@@ -20,6 +18,17 @@ app = typer.Typer(
 )
 db_app = typer.Typer(help="Database schema migrations.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+
+app.command()(runs.submit)
+app.command()(runs.tail)
+app.command()(runs.status)
+app.command()(runs.cancel)
+app.command(name="runs")(runs.runs)
+app.command(context_settings=fleet.PASS_THROUGH)(fleet.worker)
+app.command(context_settings=fleet.PASS_THROUGH)(fleet.beat)
+app.command()(fleet.reconcile)
+app.command()(fleet.reap)
+app.command()(fleet.prune)
 
 
 def _print_checks(results: list[checkup.CheckResult]) -> bool:
@@ -63,16 +72,22 @@ def db_current() -> None:
 
 
 @app.command()
-def dev() -> None:
-    """Bring up the stack (embedded servers unless URLs are set), upgrade, run until Ctrl-C."""
+def dev(
+    workers: int = typer.Option(1, min=0, help="Worker processes to start (each -c 2)."),
+) -> None:
+    """The whole stack until Ctrl-C: servers (embedded unless URLs are set), worker, beat."""
     settings = settings_from_env(quiet=False)
     with services(settings, start=True) as resolved:
         migration.upgrade(resolved.require_database_url())
         console.print(f"database  {checkup.redact(resolved.require_database_url())}")
         console.print(f"redis     {checkup.redact(resolved.require_redis_url())}")
         console.print(f"broker    {checkup.redact(resolved.effective_broker_url)}")
-        console.print("turnkeeper dev is up; Ctrl-C stops it.")
-        _wait_for_signal()
+        procs = fleet.start_fleet(resolved, workers=workers)
+        console.print(f"turnkeeper dev is up ({workers} worker(s), beat); Ctrl-C stops it.")
+        try:
+            fleet.wait_for_signal()
+        finally:
+            fleet.stop_fleet(procs)
     console.print("stopped.")
 
 
@@ -86,9 +101,3 @@ def demo() -> None:
     if not ok:
         raise typer.Exit(1)
 
-
-def _wait_for_signal() -> None:
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    stop.wait()

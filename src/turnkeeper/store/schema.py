@@ -1,10 +1,15 @@
-"""The store's tables, as one SQLAlchemy Core ``MetaData``; migrations follow it."""
+"""The store's tables, as one SQLAlchemy Core ``MetaData``; migrations follow it.
+
+The statements that read and write these tables are in ``queries.py``; this
+module only says what exists, so that a migration can be checked against it.
+"""
 
 from __future__ import annotations
 
-from sqlalchemy import MetaData
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
 
-metadata = MetaData(
+metadata = sa.MetaData(
     naming_convention={
         "ix": "ix_%(table_name)s_%(column_0_N_name)s",
         "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -12,4 +17,162 @@ metadata = MetaData(
         "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
         "pk": "pk_%(table_name)s",
     }
+)
+
+_TS = sa.TIMESTAMP(timezone=True)
+_NOW = sa.text("now()")
+
+RUN_STATUSES = ("queued", "running", "completed", "failed", "aborted")
+TURN_PHASES = ("before_provider", "provider_started", "tool_request_recorded", "committed")
+
+
+def _one_of(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+sessions = sa.Table(
+    "sessions",
+    metadata,
+    sa.Column("session_id", sa.Text, primary_key=True),
+    sa.Column("leaf_id", sa.Text, nullable=True),
+    sa.Column("version", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("created_at", _TS, nullable=False, server_default=_NOW),
+    sa.Column("updated_at", _TS, nullable=False, server_default=_NOW),
+)
+
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("run_id", sa.Text, primary_key=True),
+    # Admission order; within a session it equals commit order (admission holds a
+    # per-session advisory lock), so "no earlier unsettled run" is a sound head check.
+    sa.Column("seq", sa.BigInteger, sa.Identity(always=True), nullable=False, unique=True),
+    sa.Column("session_id", sa.Text, nullable=False),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("payload", JSONB, nullable=False),
+    sa.Column("attempt_id", sa.Text, nullable=True),
+    sa.Column("epoch", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("owner", sa.Text, nullable=True),
+    sa.Column("lease_expires_at", _TS, nullable=True),
+    sa.Column("attempt_count", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("max_attempts", sa.Integer, nullable=False),
+    sa.Column("deadline", _TS, nullable=True),
+    sa.Column("cancel_requested_at", _TS, nullable=True),
+    sa.Column("sandbox_ref", JSONB, nullable=True),
+    sa.Column("created_at", _TS, nullable=False, server_default=_NOW),
+    sa.Column("started_at", _TS, nullable=True),
+    sa.Column("finished_at", _TS, nullable=True),
+    sa.Column("updated_at", _TS, nullable=False, server_default=_NOW),
+    sa.Column("error", JSONB, nullable=True),
+    sa.Column("dispatched_at", _TS, nullable=True),
+    sa.Column("pruned_at", _TS, nullable=True),
+    sa.CheckConstraint(_one_of("status", RUN_STATUSES), name="status"),
+    sa.CheckConstraint("max_attempts >= 1", name="max_attempts"),
+    sa.CheckConstraint(
+        "status <> 'running' OR (attempt_id IS NOT NULL AND lease_expires_at IS NOT NULL)",
+        name="owned_when_running",
+    ),
+    sa.Index("ix_runs_session_id_seq", "session_id", "seq"),
+    sa.Index("ix_runs_status_seq", "status", "seq"),
+    # The database itself refuses a second running run of one session.
+    sa.Index(
+        "uq_runs_session_id_running",
+        "session_id",
+        unique=True,
+        postgresql_where=sa.text("status = 'running'"),
+    ),
+    sa.Index(
+        "ix_runs_lease_expires_at_running",
+        "lease_expires_at",
+        postgresql_where=sa.text("status = 'running'"),
+    ),
+    sa.Index(
+        "ix_runs_finished_at_unpruned",
+        "finished_at",
+        postgresql_where=sa.text("finished_at IS NOT NULL AND pruned_at IS NULL"),
+    ),
+)
+
+attempts = sa.Table(
+    "attempts",
+    metadata,
+    sa.Column(
+        "run_id", sa.Text, sa.ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True
+    ),
+    sa.Column("attempt_id", sa.Text, primary_key=True),
+    sa.Column("epoch", sa.Integer, nullable=False),
+    sa.Column("owner", sa.Text, nullable=False),
+    sa.Column("started_at", _TS, nullable=False, server_default=_NOW),
+    sa.Column("ended_at", _TS, nullable=True),
+    sa.Column("outcome", sa.Text, nullable=True),
+)
+
+turn_journals = sa.Table(
+    "turn_journals",
+    metadata,
+    sa.Column(
+        "run_id", sa.Text, sa.ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True
+    ),
+    sa.Column("attempt_id", sa.Text, nullable=False),
+    sa.Column("turn_index", sa.Integer, nullable=False),
+    sa.Column("turn_id", sa.Text, nullable=False),
+    sa.Column("phase", sa.Text, nullable=False),
+    sa.Column("revision", sa.BigInteger, nullable=False),
+    sa.Column("stream_key", sa.Text, nullable=True),
+    sa.Column("tool_request", JSONB, nullable=True),
+    sa.Column("checkpoint_leaf_id", sa.Text, nullable=True),
+    sa.Column("committed_leaf_id", sa.Text, nullable=True),
+    sa.Column("stream_consumed_at", _TS, nullable=True),
+    sa.Column("created_at", _TS, nullable=False, server_default=_NOW),
+    sa.Column("updated_at", _TS, nullable=False, server_default=_NOW),
+    sa.CheckConstraint(_one_of("phase", TURN_PHASES), name="phase"),
+)
+
+stream_segments = sa.Table(
+    "stream_segments",
+    metadata,
+    sa.Column("stream_key", sa.Text, primary_key=True),
+    sa.Column("byte_start", sa.BigInteger, primary_key=True),
+    sa.Column("byte_end", sa.BigInteger, nullable=False),
+    sa.Column("body", sa.LargeBinary, nullable=False),
+    sa.Column("run_id", sa.Text, sa.ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
+    sa.Column("created_at", _TS, nullable=False, server_default=_NOW),
+    sa.CheckConstraint("byte_end > byte_start AND byte_start >= 0", name="extent"),
+    sa.Index("ix_stream_segments_run_id", "run_id"),
+)
+
+transcript_entries = sa.Table(
+    "transcript_entries",
+    metadata,
+    sa.Column(
+        "session_id",
+        sa.Text,
+        sa.ForeignKey("sessions.session_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("entry_id", sa.Text, primary_key=True),
+    sa.Column("parent_id", sa.Text, nullable=True),
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("attempt_id", sa.Text, nullable=False),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("body", JSONB, nullable=False),
+    sa.Column("position", sa.BigInteger, sa.Identity(always=True), nullable=False),
+    sa.Column("created_at", _TS, nullable=False, server_default=_NOW),
+    sa.Index("ix_transcript_entries_session_id_position", "session_id", "position"),
+)
+
+session_deletions = sa.Table(
+    "session_deletions",
+    metadata,
+    sa.Column("session_id", sa.Text, primary_key=True),
+    sa.Column("deleted_at", _TS, nullable=False, server_default=_NOW),
+)
+
+run_receipts = sa.Table(
+    "run_receipts",
+    metadata,
+    sa.Column("run_id", sa.Text, primary_key=True),
+    sa.Column("session_id", sa.Text, nullable=False),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("deleted_at", _TS, nullable=False, server_default=_NOW),
 )

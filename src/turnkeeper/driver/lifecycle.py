@@ -1,0 +1,51 @@
+"""The chunks the driver itself mints: a run's start and end, and interruption marks.
+
+Like translator output they are pure functions of the run and the journal bytes,
+so a replay after a takeover reproduces them exactly and alignment suppresses
+them. Nothing here reads a clock, the stderr file or anything else that could
+differ between the first writer and a successor.
+"""
+
+from __future__ import annotations
+
+from turnkeeper.chunks import Chunk
+
+INTERRUPTED = "turnkeeper.interrupted"
+OUTCOME_UNKNOWN = "outcome unknown: the sandbox running this tool was lost before it answered"
+
+
+def run_started(run_id: str, session_id: str) -> Chunk:
+    return {"type": "RUN_STARTED", "threadId": session_id, "runId": run_id}
+
+
+def run_finished(run_id: str, session_id: str) -> Chunk:
+    return {"type": "RUN_FINISHED", "threadId": session_id, "runId": run_id}
+
+
+def run_error(message: str, code: str) -> Chunk:
+    return {"type": "RUN_ERROR", "message": message, "code": code}
+
+
+def interrupted(journal_index: int) -> Chunk:
+    """Marks where an agent process's output ends: its sandbox or its process was lost."""
+    return {"type": "CUSTOM", "name": INTERRUPTED, "value": {"journal": journal_index}}
+
+
+def outcome_unknown(tool_call_id: str) -> Chunk:
+    """The answer recorded for a tool call whose result was lost with its sandbox."""
+    return {
+        "type": "TOOL_CALL_RESULT",
+        "messageId": f"{tool_call_id}-lost",
+        "toolCallId": tool_call_id,
+        "content": OUTCOME_UNKNOWN,
+        "role": "tool",
+    }
+
+
+def exit_failure(exit_code: int, agent_failure: str | None) -> Chunk | None:
+    """The RUN_ERROR for a finished agent, or None when it succeeded."""
+    if agent_failure is not None:
+        return run_error(agent_failure, "agent-error")
+    if exit_code != 0:
+        return run_error(f"the agent exited with code {exit_code}", "agent-exit")
+    return None

@@ -1,0 +1,123 @@
+"""Where a run's output goes: journal bytes to Postgres segments, chunks to the run log.
+
+Two rules hold every write here:
+
+- the segments are written before the chunks derived from them are appended, so the
+  log never shows a client anything the segments could not reproduce after the
+  sandbox is lost;
+- every chunk passes through an aligner built from one snapshot of the stored log,
+  read once when this attempt began (empty for a fresh run), so a successor's replay
+  is suppressed where it matches and appended only past the stored end.
+
+A refused write (a stale attempt in Postgres, a higher epoch in Redis) means the run
+was taken away: ``OwnershipLostError``, and nothing more is written.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import structlog
+
+from turnkeeper.chunks import Chunk
+from turnkeeper.errors import LogFencedError, OwnershipLostError
+from turnkeeper.log import RunLog
+from turnkeeper.log.alignment import Aligner
+from turnkeeper.store.records import Claim
+from turnkeeper.store.store import Store
+
+log = structlog.get_logger(__name__)
+
+
+class RunOutput:
+    def __init__(
+        self,
+        store: Store,
+        run_log: RunLog,
+        claim: Claim,
+        lost: threading.Event,
+        snapshot: Sequence[tuple[int, Chunk]],
+    ) -> None:
+        self.store = store
+        self.run_log = run_log
+        self.claim = claim
+        self.lost = lost
+        self.aligner = Aligner(claim.run_id, snapshot)
+        self.appended = 0
+        self._stored_ends: dict[str, int] = {}
+        self._log = log.bind(run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
+
+    def check_ownership(self) -> None:
+        if self.lost.is_set():
+            raise OwnershipLostError(
+                "the lease was lost; this attempt stops writing",
+                run_id=self.claim.run_id,
+                attempt_id=self.claim.attempt_id,
+                epoch=self.claim.epoch,
+                reason="lease-lost",
+            )
+
+    # --- journal bytes --------------------------------------------------------------
+
+    def stored_end(self, stream_key: str) -> int:
+        """Where the stream's stored segments end (read once, then tracked)."""
+        if stream_key not in self._stored_ends:
+            segments = self.store.stream_segments(stream_key)
+            self._stored_ends[stream_key] = segments[-1].byte_end if segments else 0
+        return self._stored_ends[stream_key]
+
+    def write_bytes(self, stream_key: str, start: int, data: bytes) -> None:
+        """Store journal bytes ``[start, start + len)``; bytes already stored are skipped."""
+        end = start + len(data)
+        stored = self.stored_end(stream_key)
+        if end <= stored:
+            return
+        if start < stored:
+            data, start = data[stored - start :], stored
+        self.check_ownership()
+        if not self.store.append_stream_segment(self.claim, stream_key, start, data):
+            self.lost.set()
+            self.check_ownership()
+        self._stored_ends[stream_key] = end
+
+    # --- chunks ---------------------------------------------------------------------
+
+    def emit(self, chunks: Sequence[Chunk]) -> None:
+        """Align ``chunks`` against the stored log and append what is new, in one call."""
+        fresh: list[tuple[int, Chunk]] = []
+        for chunk in chunks:
+            fresh.extend(self.aligner.feed(chunk))
+        if not fresh:
+            return
+        self.check_ownership()
+        try:
+            self.run_log.append(
+                self.claim.run_id, self.claim.epoch, fresh[0][0], [chunk for _, chunk in fresh]
+            )
+        except LogFencedError as exc:
+            self.lost.set()
+            raise OwnershipLostError(
+                "a later attempt fenced the run log",
+                run_id=self.claim.run_id,
+                attempt_id=self.claim.attempt_id,
+                epoch=self.claim.epoch,
+                reason="log-fenced",
+            ) from exc
+        self.appended += len(fresh)
+
+    def close(self) -> None:
+        """Everything replayed must have matched; then the log is closed for good."""
+        self.aligner.finish()
+        self.check_ownership()
+        try:
+            self.run_log.close(self.claim.run_id, self.claim.epoch)
+        except LogFencedError as exc:
+            self.lost.set()
+            raise OwnershipLostError(
+                "a later attempt fenced the run log",
+                run_id=self.claim.run_id,
+                attempt_id=self.claim.attempt_id,
+                epoch=self.claim.epoch,
+                reason="log-fenced",
+            ) from exc

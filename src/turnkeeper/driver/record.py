@@ -1,0 +1,207 @@
+"""The transcript and the journal slot, kept in step with the chunks of a run.
+
+Turn boundaries come from the translated stream (``TurnTracker``): the first
+tool call that ends moves the slot to ``tool_request_recorded``; when every call
+has its result the turn is appended to the session transcript and committed,
+and the next turn begins in place. Entry ids are deterministic, so a successor
+replaying the same chunks re-issues the same appends (no-ops in the store) and
+skips the slot writes its predecessor already made.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from turnkeeper.agents.translator import TurnEvent, TurnTracker
+from turnkeeper.chunks import Chunk
+from turnkeeper.errors import OwnershipLostError
+from turnkeeper.store.records import Claim, NewEntry, TurnJournal, TurnPhase
+from turnkeeper.store.store import Store
+
+_RANK = {
+    TurnPhase.BEFORE_PROVIDER: 0,
+    TurnPhase.PROVIDER_STARTED: 1,
+    TurnPhase.TOOL_REQUEST_RECORDED: 2,
+    TurnPhase.COMMITTED: 3,
+}
+Position = tuple[int, int]
+
+
+@dataclass
+class TurnContent:
+    """What one turn said: assistant messages, tool calls and their results."""
+
+    messages: dict[str, str] = field(default_factory=dict)
+    calls: dict[str, dict[str, str]] = field(default_factory=dict)
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+    def observe(self, chunk: Chunk) -> None:
+        kind = chunk.get("type")
+        if kind == "TEXT_MESSAGE_START":
+            self.messages.setdefault(chunk["messageId"], "")
+        elif kind == "TEXT_MESSAGE_CONTENT":
+            key = chunk["messageId"]
+            self.messages[key] = self.messages.get(key, "") + chunk["delta"]
+        elif kind == "TOOL_CALL_START":
+            self.calls[chunk["toolCallId"]] = {"name": chunk["toolCallName"], "args": ""}
+        elif kind == "TOOL_CALL_ARGS" and chunk["toolCallId"] in self.calls:
+            self.calls[chunk["toolCallId"]]["args"] += chunk["delta"]
+        elif kind == "TOOL_CALL_RESULT":
+            self.results.append({"toolCallId": chunk["toolCallId"], "content": chunk["content"]})
+
+    def tool_request(self) -> list[dict[str, str]]:
+        return [{"id": call_id, **call} for call_id, call in self.calls.items()]
+
+    def entries(self, run_id: str, turn_index: int) -> list[NewEntry]:
+        prefix = f"{run_id}/turn-{turn_index}"
+        entries = []
+        if self.messages or self.calls:
+            body = {
+                "messages": [{"id": k, "text": v} for k, v in self.messages.items()],
+                "toolCalls": self.tool_request(),
+            }
+            entries.append(NewEntry(f"{prefix}/assistant", "assistant", body))
+        if self.results:
+            entries.append(NewEntry(f"{prefix}/tools", "tool", {"results": self.results}))
+        return entries
+
+
+class TurnRecorder:
+    def __init__(
+        self,
+        store: Store,
+        claim: Claim,
+        session_id: str,
+        lost: threading.Event,
+        slot: TurnJournal | None,
+    ) -> None:
+        self.store = store
+        self.claim = claim
+        self.session_id = session_id
+        self.lost = lost
+        self.tracker = TurnTracker()
+        self.turn_index = 0
+        self.leaf: str | None = None
+        self.stream_key: str | None = None
+        self.content = TurnContent()
+        self._recorded: Position = (slot.turn_index, _RANK[slot.phase]) if slot else (-1, -1)
+
+    @property
+    def input_entry_id(self) -> str:
+        return f"{self.claim.run_id}/input"
+
+    def record_input(self, prompt: str) -> None:
+        """Append the run's input under the session's leaf, and begin turn 0."""
+        path = self.store.active_path(self.session_id)
+        parent = path[-1].entry_id if path else None
+        for stored in path:  # a successor re-appends under the parent its predecessor used
+            if stored.entry_id == self.input_entry_id:
+                parent = stored.parent_id
+                break
+        entry = NewEntry(self.input_entry_id, "user", {"prompt": prompt})
+        self.leaf = self._append([entry], parent)
+        self._slot_write(
+            (0, 0),
+            lambda: self.store.begin_turn_journal(
+                self.claim, 0, self._turn_id(0), checkpoint_leaf_id=self.leaf
+            ),
+        )
+
+    def provider_started(self, stream_key: str) -> None:
+        self.stream_key = stream_key
+        self._slot_write(
+            (self.turn_index, 1),
+            lambda: self.store.update_turn_journal_phase(
+                self.claim, TurnPhase.PROVIDER_STARTED, stream_key=stream_key
+            ),
+        )
+
+    @property
+    def recorded_beyond_start(self) -> bool:
+        """The slot had moved past ``before_provider`` of turn 0 before this attempt."""
+        return self._recorded > (0, 0)
+
+    def observe(self, chunks: list[Chunk]) -> None:
+        for chunk in chunks:
+            self.content.observe(chunk)
+            event = self.tracker.observe(chunk)
+            if event is TurnEvent.TOOL_REQUEST_RECORDED:
+                request = self.content.tool_request()
+                self._slot_write(
+                    (self.turn_index, 2),
+                    lambda request=request: self.store.update_turn_journal_phase(
+                        self.claim,
+                        TurnPhase.TOOL_REQUEST_RECORDED,
+                        tool_request=request,
+                        checkpoint_leaf_id=self.leaf,
+                    ),
+                )
+            elif event is TurnEvent.TURN_COMPLETE:
+                self.commit_turn()
+                self._begin_next_turn()
+
+    @property
+    def pending_tool_calls(self) -> list[str]:
+        return sorted(self.tracker.pending)
+
+    def mark_consumed(self, stream_key: str) -> None:
+        if self._recorded >= (self.turn_index, 3):
+            return
+        if not self.store.mark_stream_consumed(self.claim, stream_key):
+            journal = self.store.get_turn_journal(self.claim.run_id)
+            if journal is None or journal.stream_consumed_at is None:
+                self._lose()
+
+    def commit_turn(self) -> None:
+        entries = self.content.entries(self.claim.run_id, self.turn_index)
+        if entries:
+            self.leaf = self._append(entries, self.leaf)
+        leaf = self.leaf
+        if leaf is not None:
+            self._slot_write(
+                (self.turn_index, 3), lambda: self.store.commit_turn_journal(self.claim, leaf)
+            )
+
+    def _begin_next_turn(self) -> None:
+        self.turn_index += 1
+        self.content = TurnContent()
+        index = self.turn_index
+        self._slot_write(
+            (index, 0),
+            lambda: self.store.begin_turn_journal(
+                self.claim, index, self._turn_id(index), checkpoint_leaf_id=self.leaf
+            ),
+        )
+        if self.stream_key is not None:
+            self.provider_started(self.stream_key)
+
+    def _turn_id(self, index: int) -> str:
+        return f"{self.claim.run_id}/turn-{index}"
+
+    def _append(self, entries: list[NewEntry], parent: str | None) -> str:
+        if self.lost.is_set():
+            self._lose()
+        leaf = self.store.append_transcript(self.claim, self.session_id, entries, parent)
+        if leaf is None:
+            self._lose()
+        return str(leaf)
+
+    def _slot_write(self, position: Position, write: Any) -> None:
+        """Make a slot write unless this position was recorded before; False means lost."""
+        if position <= self._recorded:
+            return
+        if self.lost.is_set() or not write():
+            self._lose()
+        self._recorded = position
+
+    def _lose(self) -> None:
+        self.lost.set()
+        raise OwnershipLostError(
+            "the store refused a write: this attempt no longer owns the run",
+            run_id=self.claim.run_id,
+            attempt_id=self.claim.attempt_id,
+            epoch=self.claim.epoch,
+            reason="store-fenced",
+        )

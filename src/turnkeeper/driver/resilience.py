@@ -1,0 +1,71 @@
+"""Retrying transient failures of the store and the log, never a lost lease.
+
+A dropped Postgres connection or a Redis failover should not cost a run its
+attempt: the call is retried with backoff for at most one lease period (after
+that a successor may own the run anyway). Only ``ServiceError``s are retried;
+a refused write is an answer, not a failure, and is never retried here.
+Conditional writes stay correct when retried: a write whose reply was lost
+comes back as "already done", which the driver checks against ownership.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import structlog
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from turnkeeper.errors import ServiceError
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+
+def retry_policy(budget: float) -> Retrying:
+    return Retrying(
+        retry=retry_if_exception_type(ServiceError),
+        stop=stop_after_delay(budget),
+        wait=wait_exponential_jitter(initial=0.05, max=2.0),
+        reraise=True,
+        before_sleep=lambda state: log.warning(
+            "service.retrying",
+            attempt=state.attempt_number,
+            error=str(state.outcome.exception()) if state.outcome else None,
+        ),
+    )
+
+
+class Resilient(Generic[T]):
+    """A proxy whose method calls are retried on transient service errors."""
+
+    def __init__(self, target: T, budget: float) -> None:
+        self._target = target
+        self._budget = budget
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._target, name)
+        if not callable(attribute):
+            return attribute
+        policy = retry_policy(self._budget)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return policy(attribute, *args, **kwargs)
+
+        return call
+
+    @property
+    def target(self) -> T:
+        return self._target
+
+
+def resilient(target: T, budget: float) -> T:
+    """``target`` with every method retried on transient errors (typed as ``target``)."""
+    proxy: Callable[..., Any] | Resilient[T] = Resilient(target, budget)
+    return proxy  # type: ignore[return-value]

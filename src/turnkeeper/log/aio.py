@@ -1,0 +1,124 @@
+"""The read side of the run log on redis.asyncio, for the web server's SSE streams.
+
+Same keys, same decoding and the same semantics as ``RunLog.snapshot`` and
+``RunLog.read``; only the writer (the driver) needs the sync class. Each parked
+reader holds one pooled connection while it blocks, so size the pool for the
+number of concurrent streams.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Self, cast
+
+import redis.asyncio
+
+from turnkeeper.chunks import Chunk
+from turnkeeper.config import Settings
+from turnkeeper.errors import ConfigError, LogGoneError
+from turnkeeper.log.entries import (
+    LogState,
+    decode_page,
+    parse_state,
+    redis_errors,
+    stream_entries,
+)
+from turnkeeper.log.keys import RunKeys, check_namespace
+from turnkeeper.log.runlog import (
+    DEFAULT_BLOCK_MS,
+    DEFAULT_PAGE_SIZE,
+    check_client,
+    check_read_offset,
+    read_is_over,
+)
+
+
+class AsyncRunLog:
+    """Snapshots and blocking reads of run logs on an asyncio Redis client."""
+
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        *,
+        namespace: str,
+        page_size: int = DEFAULT_PAGE_SIZE,
+    ) -> None:
+        check_client(client)
+        if page_size < 1:
+            raise ConfigError("page_size must be positive", reason="invalid-page-size")
+        self._redis = client
+        self.namespace = check_namespace(namespace)
+        self.page_size = page_size
+
+    @classmethod
+    def from_url(cls, url: str, *, namespace: str, **client_options: Any) -> Self:
+        client = redis.asyncio.Redis.from_url(url, decode_responses=False, **client_options)
+        return cls(client, namespace=namespace)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **client_options: Any) -> Self:
+        return cls.from_url(
+            settings.require_redis_url(), namespace=settings.namespace, **client_options
+        )
+
+    @property
+    def client(self) -> redis.asyncio.Redis:
+        return self._redis
+
+    def keys(self, run_id: str) -> RunKeys:
+        return RunKeys.of(self.namespace, run_id)
+
+    async def state(self, run_id: str) -> LogState:
+        keys = self.keys(run_id)
+        with redis_errors(run_id, "state"):
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.hmget(keys.meta, ["epoch", "closed", "next"])
+            pipe.xrange(keys.stream, "-", "+", count=1)
+            meta, head = await pipe.execute()
+        return parse_state(meta, head)
+
+    async def snapshot(self, run_id: str, after_seq: int = 0) -> list[tuple[int, Chunk]]:
+        """As ``RunLog.snapshot``."""
+        stream = self.keys(run_id).stream
+        out: list[tuple[int, Chunk]] = []
+        cursor = after_seq
+        while True:
+            with redis_errors(run_id, "snapshot"):
+                entries = await self._redis.xrange(
+                    stream, f"(0-{cursor}", "+", count=self.page_size
+                )
+            rows: list[Any] = cast("list[Any]", entries or [])
+            page = decode_page(rows, cursor, run_id)
+            out.extend(page.chunks)
+            if page.ended or len(rows) < self.page_size:
+                break
+            cursor = out[-1][0]
+        if not out and after_seq > 0 and not (await self.state(run_id)).exists:
+            raise LogGoneError("the log expired", run_id=run_id, reason="expired", offset=after_seq)
+        return out
+
+    async def read(
+        self, run_id: str, after_seq: int = 0, *, block_ms: int = DEFAULT_BLOCK_MS
+    ) -> AsyncIterator[tuple[int, Chunk]]:
+        """As ``RunLog.read``: parks on an open log, ends when it is closed."""
+        check_read_offset(await self.state(run_id), run_id, after_seq)
+        stream = self.keys(run_id).stream
+        cursor = after_seq
+        while True:
+            with redis_errors(run_id, "read"):
+                reply = await self._redis.xread(
+                    {stream: f"0-{cursor}"}, count=self.page_size, block=block_ms
+                )
+            entries = stream_entries(reply)
+            if entries:
+                page = decode_page(entries, cursor, run_id)
+                for seq, chunk in page.chunks:
+                    cursor = seq
+                    yield seq, chunk
+                if page.ended:
+                    return
+            elif read_is_over(await self.state(run_id), run_id, cursor):
+                return
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()

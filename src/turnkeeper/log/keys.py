@@ -1,0 +1,132 @@
+"""Every Redis key name of the run log, and the Lua scripts that touch them.
+
+A run owns two keys, both carrying the same hash tag so one script can touch
+them on Redis Cluster:
+
+- ``<namespace>:log:{<tag>}``: the stream. Chunk ``seq`` is entry ``0-<seq>``
+  with one field ``c`` (the encoded chunk). Closing the log appends one
+  terminal marker entry ``0-<next seq>`` with field ``end`` (the closing
+  epoch): XADD wakes every parked XREAD, and because the marker is added by the
+  same script after every chunk, a reader sees all chunks before it. No chunk
+  ever takes the marker's id, since a closed log accepts no appends.
+- ``<namespace>:log:{<tag>}:meta``: a hash with ``epoch`` (the fence),
+  ``next`` (the next seq), ``closed`` (the closing epoch, absent while open)
+  and ``run_id`` (for operators).
+
+The tag is the run id itself when it is short and made of ``[A-Za-z0-9_.:-]``;
+any other run id (braces, spaces, non-ASCII, long) is tagged ``~`` plus the
+hex SHA-256 of its UTF-8 bytes. ``~`` is outside the plain alphabet, so the two
+forms never collide and the mapping stays injective.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from turnkeeper.errors import ConfigError
+
+CHUNK_FIELD: Final = b"c"
+END_FIELD: Final = b"end"
+
+_PLAIN_TAG = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+_NAMESPACE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+def run_tag(run_id: str) -> str:
+    """The hash tag of a run: safe inside ``{...}`` and injective."""
+    if _PLAIN_TAG.fullmatch(run_id):
+        return run_id
+    return "~" + hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def check_namespace(namespace: str) -> str:
+    """A namespace with braces would move the hash tag: refuse it up front."""
+    if not _NAMESPACE.fullmatch(namespace):
+        raise ConfigError(
+            f"a log namespace must match [A-Za-z0-9_.:-]{{1,128}}, got {namespace!r}",
+            reason="invalid-namespace",
+        )
+    return namespace
+
+
+@dataclass(frozen=True, slots=True)
+class RunKeys:
+    """The keys of one run's log, in the order the scripts take them."""
+
+    stream: str
+    meta: str
+
+    @classmethod
+    def of(cls, namespace: str, run_id: str) -> RunKeys:
+        base = f"{namespace}:log:{{{run_tag(run_id)}}}"
+        return cls(stream=base, meta=f"{base}:meta")
+
+    def as_list(self) -> list[str]:
+        return [self.stream, self.meta]
+
+
+# Every script takes KEYS = [stream, meta] and answers an integer on success
+# (the epoch or the last seq), or {reason, number} for a refusal, where number
+# is the seq or epoch that explains it. Refusals are values, not Lua errors, so
+# the caller can raise a typed error with structured fields. A bare integer
+# keeps the hot path's reply as small as Redis can make it.
+
+# ARGV: epoch, run_id. Raises the stored epoch to at least ``epoch``.
+FENCE_LUA: Final = """
+local stored = tonumber(redis.call('HGET', KEYS[2], 'epoch')) or 0
+local epoch = tonumber(ARGV[1])
+if epoch > stored then
+  redis.call('HSET', KEYS[2], 'epoch', ARGV[1], 'run_id', ARGV[2])
+  redis.call('HSETNX', KEYS[2], 'next', 1)
+  return epoch
+end
+return stored
+"""
+
+# Refusals shared by append and close, in the order they are checked.
+_GUARD_LUA = """
+local meta = redis.call('HMGET', KEYS[2], 'epoch', 'closed', 'next')
+local stored = tonumber(meta[1]) or 0
+local epoch = tonumber(ARGV[1])
+if stored > epoch then return {'fenced', stored} end
+if stored < epoch then return {'unfenced', stored} end
+local nxt = tonumber(meta[3]) or 1
+"""
+
+# ARGV: epoch, first_seq, max_chunks, chunk... Appends the chunks as 0-<seq>.
+APPEND_LUA: Final = (
+    _GUARD_LUA
+    + """
+if meta[2] then return {'closed', tonumber(meta[2])} end
+if tonumber(ARGV[2]) ~= nxt then return {'conflict', nxt} end
+for i = 4, #ARGV do
+  redis.call('XADD', KEYS[1], string.format('0-%d', nxt), 'c', ARGV[i])
+  nxt = nxt + 1
+end
+if #ARGV > 3 then
+  redis.call('HSET', KEYS[2], 'next', nxt)
+  -- Trimming starts only once more than max_chunks were ever appended.
+  local limit = tonumber(ARGV[3])
+  if nxt - 1 > limit then
+    redis.call('XTRIM', KEYS[1], 'MAXLEN', limit)
+  end
+end
+return nxt - 1
+"""
+)
+
+# ARGV: epoch, retention_ms. Idempotent: closing a closed log changes nothing.
+CLOSE_LUA: Final = (
+    _GUARD_LUA
+    + """
+if meta[2] then return tonumber(meta[2]) end
+redis.call('XADD', KEYS[1], string.format('0-%d', nxt), 'end', ARGV[1])
+redis.call('HSET', KEYS[2], 'closed', ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return epoch
+"""
+)

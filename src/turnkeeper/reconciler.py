@@ -1,0 +1,155 @@
+"""The beat-driven sweeps: hand expired runs to new attempts, reap sandboxes, prune.
+
+Every sweep is safe to run several times at once (two beats, an operator's
+``--once``): rows are taken with ``FOR UPDATE SKIP LOCKED`` in the store, log
+writes are fenced, and destroying a sandbox twice is a no-op.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from turnkeeper.driver import lifecycle
+from turnkeeper.errors import LogClosedError, LogFencedError, TurnkeeperError
+from turnkeeper.sandbox import SandboxRef
+from turnkeeper.store.records import Run
+from turnkeeper.workers.runtime import WorkerRuntime
+
+log = structlog.get_logger(__name__)
+
+BATCH = 100
+
+
+@dataclass(frozen=True)
+class ReconcileReport:
+    taken_over: int
+    failed: int
+    requeued: int
+
+
+@dataclass(frozen=True)
+class ReapReport:
+    destroyed: int
+    orphans: int
+
+
+def reconcile(
+    rt: WorkerRuntime,
+    *,
+    enqueue_takeover: Callable[[str, str, int], None],
+    enqueue_run: Callable[[str], None],
+) -> ReconcileReport:
+    """Expired leases -> new attempts (takeover enqueued); exhausted runs -> failed."""
+    settings = rt.settings
+    failed = rt.store.expire_exhausted(BATCH)
+    for run in failed:
+        end_log(rt, run)
+    claims = rt.store.reclaim_expired(rt.owner, settings.lease_ttl, BATCH)
+    for claim in claims:
+        enqueue_takeover(claim.run_id, claim.attempt_id, claim.epoch)
+        log.info("takeover.enqueued", run_id=claim.run_id, epoch=claim.epoch)
+    stale = rt.store.stale_queued_runs(settings.requeue_after, BATCH)
+    for run in stale:
+        enqueue_run(run.run_id)
+        rt.store.mark_dispatched(run.run_id)
+        log.info("run.requeued", run_id=run.run_id)
+    report = ReconcileReport(len(claims), len(failed), len(stale))
+    if claims or failed or stale:
+        log.info("reconcile.done", **report.__dict__)
+    return report
+
+
+def end_log(rt: WorkerRuntime, run: Run) -> None:
+    """Close the log of a run settled without its owner, with the reason as its last chunk.
+
+    The fence at ``epoch + 1`` refuses anything its last owner might still append.
+    """
+    epoch = run.epoch + 1
+    error: dict[str, Any] = run.error if isinstance(run.error, dict) else {}
+    reason = str(error.get("reason", run.status.value))
+    message = str(error.get("message", f"the run ended: {reason}"))
+    try:
+        rt.log.fence(run.run_id, epoch)
+        state = rt.log.state(run.run_id)
+        if not state.closed:
+            rt.log.append(run.run_id, epoch, state.next_seq, [lifecycle.run_error(message, reason)])
+            rt.log.close(run.run_id, epoch)
+    except (LogClosedError, LogFencedError):
+        pass  # someone closed it meanwhile; the first end wins
+    log.info("run.log_ended", run_id=run.run_id, reason=reason)
+
+
+def reap(rt: WorkerRuntime) -> ReapReport:
+    """Destroy the sandboxes of settled runs, and orphaned sandboxes older than a TTL."""
+    destroyed = 0
+    for run in rt.store.runs_to_reap(BATCH):
+        ref = _sandbox_of(run)
+        try:
+            if ref is not None:
+                rt.provider(ref.provider).destroy(ref)
+            rt.store.forget_sandbox(run.run_id)
+            destroyed += 1
+        except TurnkeeperError as exc:
+            log.warning("reap.failed", run_id=run.run_id, error=str(exc))
+    orphans = _reap_orphans(rt)
+    if destroyed or orphans:
+        log.info("reap.done", destroyed=destroyed, orphans=orphans)
+    return ReapReport(destroyed, orphans)
+
+
+def prune(rt: WorkerRuntime) -> int:
+    """Delete segments, slots and transcript rows of runs settled long ago, in batches."""
+    total = 0
+    while True:
+        pruned = rt.store.prune_settled(rt.settings.settled_retention, BATCH)
+        total += pruned
+        if pruned < BATCH:
+            break
+    if total:
+        log.info("prune.done", runs=total)
+    return total
+
+
+def _sandbox_of(run: Run) -> SandboxRef | None:
+    return _sandbox_ref(run.sandbox_ref)
+
+
+def _sandbox_ref(placement: Any) -> SandboxRef | None:
+    """The sandbox of a run's placement record (see ``driver.attempt.Placement``)."""
+    sandbox = placement.get("sandbox") if isinstance(placement, dict) else None
+    return SandboxRef.from_dict(sandbox) if sandbox else None
+
+
+def _reap_orphans(rt: WorkerRuntime) -> int:
+    """Local sandbox directories that no unsettled run references, older than the TTL.
+
+    Fails closed: a directory whose age cannot be read, or that any unsettled run
+    points at, is kept.
+    """
+    root = Path(rt.settings.sandboxes_dir)
+    if not root.is_dir():
+        return 0
+    keep = {ref.id for ref in map(_sandbox_ref, rt.store.unsettled_sandbox_refs()) if ref}
+    cutoff = time.time() - rt.settings.orphan_ttl
+    removed = 0
+    for entry in root.iterdir():
+        if not entry.is_dir() or entry.name in keep:
+            continue
+        try:
+            if entry.stat().st_mtime > cutoff:
+                continue
+        except OSError:
+            continue
+        ref = SandboxRef(provider=rt.settings.sandbox_provider, id=entry.name, root=str(entry))
+        try:
+            rt.provider().destroy(ref)
+            removed += 1
+        except TurnkeeperError as exc:
+            log.warning("reap.orphan_failed", sandbox=entry.name, error=str(exc))
+    return removed

@@ -1,0 +1,30 @@
+"""Building providers from Settings, and finding the provider of a stored reference."""
+
+from __future__ import annotations
+
+from turnkeeper.config import Settings
+from turnkeeper.errors import ConfigError
+from turnkeeper.sandbox.bwrap import BwrapProvider
+from turnkeeper.sandbox.local import LocalProvider
+from turnkeeper.sandbox.provider import SandboxProvider
+from turnkeeper.sandbox.ssh import SshProvider, SshTarget
+
+PROVIDER_NAMES = ("local", "bwrap", "ssh")
+
+
+def provider_for(name: str, settings: Settings, *, ssh: SshTarget | None = None) -> SandboxProvider:
+    """The provider called ``name``; local ones live under ``settings.sandboxes_dir``.
+
+    Settings hold no SSH target yet, so the ``ssh`` provider needs one passed in.
+    """
+    if name == "local":
+        return LocalProvider(settings.sandboxes_dir)
+    if name == "bwrap":
+        return BwrapProvider(settings.sandboxes_dir)
+    if name == "ssh":
+        if ssh is None:
+            raise ConfigError(
+                "the ssh sandbox provider needs an SSH target", reason="no-ssh-target"
+            )
+        return SshProvider(ssh)
+    raise ConfigError(f"unknown sandbox provider {name!r}", reason="unknown-provider")

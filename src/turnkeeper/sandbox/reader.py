@@ -1,0 +1,278 @@
+"""Reading a journal: complete lines with byte-exact end positions, up to the sentinel.
+
+Two strategies, chosen from the sandbox's capabilities: ``follow`` (a killable
+``tail -F`` streamed through ``spawn``; needs background and killable processes) and
+``poll`` (bounded ``exec`` reads every interval). Either way the reader:
+
+- starts at any byte offset and yields ``(line, end_position)`` for complete lines;
+- stops at this run's nonce-checked sentinel and records its exit code;
+- fails with ``journal-stalled`` when no byte at all arrives within the first-byte bound;
+- fails with ``agent-vanished`` when the writer's lock is free twice in a row while the
+  journal holds no sentinel: the agent died without one (killed, OOM), and tailing on
+  would wait forever;
+- stops at once when its ``StopSignal`` is set, from any thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import threading
+import time
+from collections.abc import Iterator
+from typing import Literal
+
+import structlog
+
+from turnkeeper.errors import (
+    AgentVanishedError,
+    InvalidSentinelError,
+    JournalError,
+    JournalStalledError,
+    JournalTooLargeError,
+    SandboxError,
+)
+from turnkeeper.sandbox.journal import (
+    EXIT_PROBE_BYTES,
+    LIVENESS_FREE,
+    POLL_READ_BYTES,
+    JournalPaths,
+    find_exit,
+    follow_argv,
+    liveness_argv,
+    parse_sentinel,
+    read_argv,
+    tail_argv,
+)
+from turnkeeper.sandbox.lines import LineSplitter
+from turnkeeper.sandbox.provider import Capabilities, Sandbox
+
+log = structlog.get_logger(__name__)
+
+Strategy = Literal["follow", "poll"]
+
+DEFAULT_POLL_INTERVAL = 0.25
+DEFAULT_FIRST_BYTE_TIMEOUT = 10.0
+DEFAULT_LIVENESS_INTERVAL = 1.0
+_TICK = 0.25
+_READ_SIZE = 1 << 20
+_MAX_FOLLOW_RESTARTS = 3
+_SENTINEL_SLACK = 256  # the writer's newline and sentinel may follow a full journal
+
+
+def strategy_for(capabilities: Capabilities) -> Strategy:
+    if capabilities.background_processes and capabilities.killable_processes:
+        return "follow"
+    return "poll"
+
+
+class StopSignal:
+    """A stop flag any thread can set and a reader can wait on in ``select``."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)
+
+    def set(self) -> None:
+        if not self._event.is_set():
+            self._event.set()
+            with contextlib.suppress(OSError):
+                os.write(self._write_fd, b"x")
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._event.wait(timeout)
+
+    def fileno(self) -> int:
+        return self._read_fd
+
+    def close(self) -> None:
+        for fd in (self._read_fd, self._write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __enter__(self) -> StopSignal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class JournalReader:
+    """Iterate once; afterwards ``exit_code`` and ``end_position`` describe the sentinel."""
+
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        paths: JournalPaths,
+        *,
+        nonce: str,
+        from_byte: int = 0,
+        stop: StopSignal | None = None,
+        strategy: Strategy | None = None,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        first_byte_timeout: float | None = DEFAULT_FIRST_BYTE_TIMEOUT,
+        liveness_interval: float | None = DEFAULT_LIVENESS_INTERVAL,
+        max_bytes: int | None = None,
+    ) -> None:
+        if isinstance(from_byte, bool) or not isinstance(from_byte, int) or from_byte < 0:
+            raise JournalError(
+                f"byte offset must be a non-negative integer, got {from_byte!r}",
+                run_id=paths.run_id,
+            )
+        self.sandbox = sandbox
+        self.paths = paths
+        self.nonce = nonce
+        self.from_byte = from_byte
+        self.stop = stop or StopSignal()
+        self.strategy: Strategy = strategy or strategy_for(sandbox.capabilities)
+        self.poll_interval = poll_interval
+        self.first_byte_timeout = first_byte_timeout or None
+        self.liveness_interval = liveness_interval
+        self.max_bytes = max_bytes
+        self.exit_code: int | None = None
+        self.end_position: int | None = None
+        self.position = from_byte
+
+    def __iter__(self) -> Iterator[tuple[bytes, int]]:
+        splitter = LineSplitter(self.from_byte)
+        started = time.monotonic()
+        last_check = started
+        strikes = 0
+        source = self._follow(splitter) if self.strategy == "follow" else self._poll(splitter)
+        try:
+            for chunk in source:
+                if self.stop.is_set():
+                    return
+                if chunk:
+                    strikes = 0
+                    for line, end in splitter.feed(chunk):
+                        if self._is_sentinel(line, end):
+                            return
+                        self._check_size(end)
+                        self.position = end
+                        yield line, end
+                        if self.stop.is_set():
+                            return
+                    self._check_size(splitter.fed_until - _SENTINEL_SLACK)
+                    continue
+                now = time.monotonic()
+                if (
+                    splitter.received == 0
+                    and self.first_byte_timeout is not None
+                    and now - started >= self.first_byte_timeout
+                ):
+                    raise JournalStalledError(
+                        f"journal delivered no bytes within {self.first_byte_timeout}s",
+                        run_id=self.paths.run_id,
+                        reason="journal-stalled",
+                        journal=self.paths.journal,
+                    )
+                if (
+                    self.liveness_interval is not None
+                    and now - last_check >= self.liveness_interval
+                ):
+                    last_check = now
+                    strikes = strikes + 1 if self._writer_gone() else 0
+                    if strikes >= 2:
+                        raise AgentVanishedError(
+                            "agent process is gone and its journal has no exit sentinel",
+                            run_id=self.paths.run_id,
+                            reason="agent-vanished",
+                            journal=self.paths.journal,
+                        )
+        finally:
+            # Closing the source kills a follow process at once, whatever ended the read.
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+
+    def _is_sentinel(self, line: bytes, end: int) -> bool:
+        try:
+            code = parse_sentinel(line, self.nonce)
+        except InvalidSentinelError as exc:
+            raise InvalidSentinelError(
+                "journal holds a malformed exit sentinel",
+                run_id=self.paths.run_id,
+                reason="invalid-sentinel",
+                position=end,
+            ) from exc
+        if code is None:
+            return False
+        self.exit_code, self.end_position = code, end
+        log.debug("journal.sentinel", run_id=self.paths.run_id, exit_code=code, position=end)
+        return True
+
+    def _check_size(self, end: int) -> None:
+        if self.max_bytes is not None and end > self.max_bytes + 1:
+            raise JournalTooLargeError(
+                f"journal passed its limit of {self.max_bytes} bytes",
+                run_id=self.paths.run_id,
+                reason="journal-too-large",
+                position=end,
+            )
+
+    def _writer_gone(self) -> bool:
+        """True when the writer's lock is free and no sentinel is in the journal's tail.
+
+        The writer appends the sentinel before its lock is released, so a free lock
+        with no sentinel means the writer died; two strikes in a row are required
+        because the lock file exists a moment before it is locked.
+        """
+        try:
+            alive = self.sandbox.exec(liveness_argv(self.paths), timeout=30)
+            if alive.exit_code != LIVENESS_FREE:
+                return False
+            tail = self.sandbox.exec(tail_argv(self.paths.journal, EXIT_PROBE_BYTES), timeout=30)
+        except SandboxError as exc:
+            log.warning("journal.liveness_unknown", run_id=self.paths.run_id, error=str(exc))
+            return False
+        return find_exit(tail.stdout, self.nonce) is None
+
+    def _follow(self, splitter: LineSplitter) -> Iterator[bytes]:
+        """Chunks from ``tail -F``; an empty chunk is an idle tick for the checks above."""
+        restarts = 0
+        while True:
+            proc = self.sandbox.spawn(follow_argv(self.paths, splitter.fed_until))
+            try:
+                fd = proc.stdout.fileno()
+                while True:
+                    ready, _, _ = select.select([fd, self.stop.fileno()], [], [], _TICK)
+                    if self.stop.is_set():
+                        return
+                    if fd not in ready:
+                        yield b""
+                        continue
+                    data = os.read(fd, _READ_SIZE)
+                    if not data:
+                        break
+                    restarts = 0
+                    yield data
+            finally:
+                proc.kill()
+            restarts += 1
+            if restarts > _MAX_FOLLOW_RESTARTS:
+                raise JournalError(
+                    "the journal follow process keeps ending",
+                    run_id=self.paths.run_id,
+                    reason="follow-ended",
+                )
+            log.warning("journal.follow_restarted", run_id=self.paths.run_id, restarts=restarts)
+            if self.stop.wait(_TICK):
+                return
+            yield b""
+
+    def _poll(self, splitter: LineSplitter) -> Iterator[bytes]:
+        while not self.stop.is_set():
+            result = self.sandbox.exec(
+                read_argv(self.paths, splitter.fed_until, POLL_READ_BYTES), timeout=60
+            )
+            yield result.stdout
+            if len(result.stdout) >= POLL_READ_BYTES:
+                continue
+            if self.stop.wait(self.poll_interval):
+                return

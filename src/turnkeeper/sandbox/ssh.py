@@ -1,0 +1,316 @@
+"""The ``ssh`` provider: sandboxes as directories on another host, reached with ``ssh``.
+
+Journal and agent processes live on the remote host, so they survive the worker and
+its connection. Commands go through the system ``ssh`` client (batch mode, one
+multiplexed master connection per provider). Killing a spawned command must end the
+remote process group, not just the local client: sshd starts every session command as
+a session and group leader, the command prints that id first, and ``kill`` signals
+the group remotely.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import structlog
+
+from turnkeeper.errors import SandboxError
+from turnkeeper.sandbox.provider import (
+    Capabilities,
+    ExecResult,
+    SandboxRef,
+    SandboxSpec,
+    agent_environment,
+)
+
+log = structlog.get_logger(__name__)
+
+SSH_CONNECTION_FAILED = 255
+
+
+@dataclass(frozen=True, slots=True)
+class SshTarget:
+    """The remote host and how to reach it; ``root`` holds the sandboxes there."""
+
+    host: str
+    root: str
+    port: int = 22
+    user: str = "root"
+    identity_file: Path | None = None
+    known_hosts_file: Path | None = None
+    strict_host_key_checking: bool = True
+    control_dir: Path | None = None
+    """Where the multiplexing socket lives; a fresh temporary directory by default."""
+
+    def as_host(self) -> dict[str, str | int]:
+        return {"host": self.host, "port": self.port, "user": self.user}
+
+
+class SshConnection:
+    """The ``ssh`` argv for a target, with a lazily started multiplexing master."""
+
+    def __init__(self, target: SshTarget) -> None:
+        self.target = target
+        self._control_dir = str(target.control_dir or tempfile.mkdtemp(prefix="tk-ssh-"))
+        self._control_path = f"{self._control_dir}/m"
+        self._master_started = False
+
+    def options(self) -> list[str]:
+        t = self.target
+        opts = [
+            "-p", str(t.port),
+            "-o", "BatchMode=yes",
+            "-o", "LogLevel=ERROR",
+            "-o", "ConnectTimeout=20",
+            "-o", "ServerAliveInterval=15",
+            "-o", f"ControlPath={self._control_path}",
+            "-o", f"StrictHostKeyChecking={'yes' if t.strict_host_key_checking else 'no'}",
+        ]  # fmt: skip
+        if t.identity_file is not None:
+            opts += ["-i", str(t.identity_file), "-o", "IdentitiesOnly=yes"]
+        if t.known_hosts_file is not None:
+            opts += ["-o", f"UserKnownHostsFile={t.known_hosts_file}"]
+        return opts
+
+    def destination(self) -> str:
+        return f"{self.target.user}@{self.target.host}"
+
+    def argv(self, remote_command: str) -> list[str]:
+        self._ensure_master()
+        return [
+            "ssh", *self.options(), "-o", "ControlMaster=no", "-T",
+            self.destination(), remote_command,
+        ]  # fmt: skip
+
+    def _ensure_master(self) -> None:
+        """Start the shared connection once; without it every command connects anew."""
+        if self._master_started:
+            return
+        self._master_started = True
+        argv = [
+            "ssh", *self.options(), "-o", "ControlMaster=yes", "-o", "ControlPersist=300",
+            "-f", "-N", self.destination(),
+        ]  # fmt: skip
+        # stdio to /dev/null: a backgrounded master must not hold a caller's pipes open.
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=30,
+                check=False,
+            )
+
+    def close(self) -> None:
+        if self._master_started or self.target.control_dir is not None:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(
+                    ["ssh", *self.options(), "-O", "exit", self.destination()],
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=10,
+                    check=False,
+                )
+        with contextlib.suppress(OSError):
+            Path(self._control_dir).rmdir()
+
+    def run(
+        self, remote_command: str, *, timeout: float | None, stdin: bytes | None = None
+    ) -> ExecResult:
+        try:
+            done = subprocess.run(
+                self.argv(remote_command),
+                input=stdin,
+                stdin=None if stdin is not None else subprocess.DEVNULL,
+                capture_output=True,
+                timeout=timeout,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise SandboxError(f"ssh failed: {exc}", reason="ssh-failed") from exc
+        if done.returncode == SSH_CONNECTION_FAILED:
+            raise SandboxError(
+                "ssh connection failed: " + done.stderr.decode(errors="replace")[-500:],
+                reason="ssh-failed",
+                host=self.target.host,
+            )
+        return ExecResult(done.returncode, done.stdout, done.stderr)
+
+
+def _env_command(env: Mapping[str, str], argv: Sequence[str]) -> str:
+    """Shell code that runs argv with exactly ``env`` and nothing of sshd's environment."""
+    return shlex.join(["env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv])
+
+
+def _remote(workspace: str, env: Mapping[str, str], argv: Sequence[str]) -> str:
+    """Shell code that runs argv in the workspace with exactly ``env``."""
+    return f"cd {shlex.quote(workspace)} && exec {_env_command(env, argv)}"
+
+
+class SshProcess:
+    """A remote command streamed back; ``kill`` ends its remote process group."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], connection: SshConnection) -> None:
+        self._popen = popen
+        self._connection = connection
+        self._group: int | None = None
+        if popen.stdout is None:
+            raise SandboxError("spawned ssh has no stdout", reason="spawn-failed")
+        fd = popen.stdout.fileno()
+        first = bytearray()
+        while not first.endswith(b"\n"):  # the remote group id, one short line
+            byte = os.read(fd, 1)
+            if not byte:
+                break
+            first += byte
+        if first.strip().isdigit():
+            self._group = int(first.strip())
+
+    @property
+    def stdout(self) -> IO[bytes]:
+        if self._popen.stdout is None:
+            raise SandboxError("spawned ssh has no stdout", reason="spawn-failed")
+        return self._popen.stdout
+
+    def poll(self) -> int | None:
+        return self._popen.poll()
+
+    def kill(self) -> None:
+        if self._group is not None:
+            with contextlib.suppress(SandboxError):
+                self._connection.run(f"kill -KILL -- -{self._group} 2>/dev/null", timeout=30)
+            self._group = None
+        self._popen.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._popen.wait(timeout=5)
+        if self._popen.stdout is not None:
+            self._popen.stdout.close()
+
+
+class SshSandbox:
+    def __init__(self, ref: SandboxRef, connection: SshConnection) -> None:
+        self._ref = ref
+        self._connection = connection
+        self._env = agent_environment(ref.workspace, ref.spec)
+
+    @property
+    def ref(self) -> SandboxRef:
+        return self._ref
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            background_processes=True,
+            killable_processes=True,
+            durable_filesystem=True,
+            network_isolation=False,
+            resource_limits=True,
+        )
+
+    def exec(
+        self, argv: Sequence[str], *, timeout: float | None = 60.0, stdin: bytes | None = None
+    ) -> ExecResult:
+        return self._connection.run(
+            _remote(self._ref.workspace, self._env, argv), timeout=timeout, stdin=stdin
+        )
+
+    def spawn(self, argv: Sequence[str]) -> SshProcess:
+        remote = "echo $$; " + _remote(self._ref.workspace, self._env, argv)
+        try:
+            popen = subprocess.Popen(
+                self._connection.argv(remote),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise SandboxError(f"ssh spawn failed: {exc}", reason="spawn-failed") from exc
+        return SshProcess(popen, self._connection)
+
+    def start_detached(self, argv: Sequence[str]) -> None:
+        procs = shlex.quote(f"{self._ref.root}/procs")
+        inner = "setsid " + _env_command(self._env, argv)
+        script = (
+            f"cd {shlex.quote(self._ref.workspace)} || exit 1; "
+            f"{inner} </dev/null >/dev/null 2>&1 & echo $! >> {procs}"
+        )
+        result = self._connection.run(shlex.join(["/bin/sh", "-c", script]), timeout=60)
+        if result.exit_code != 0:
+            raise SandboxError(
+                "cannot start the detached process", reason="spawn-failed", sandbox=self._ref.id
+            )
+
+
+class SshProvider:
+    name = "ssh"
+
+    def __init__(self, target: SshTarget) -> None:
+        if not target.root.startswith("/"):
+            raise SandboxError("ssh sandbox root must be absolute", reason="bad-config")
+        self.target = target
+        self.connection = SshConnection(target)
+
+    def close(self) -> None:
+        self.connection.close()
+
+    def create(self, run_id: str, spec: SandboxSpec) -> SandboxRef:
+        sandbox_id = uuid.uuid4().hex
+        root = f"{self.target.root.rstrip('/')}/{sandbox_id}"
+        quoted = shlex.quote(root)
+        result = self.connection.run(
+            f"umask 077 && mkdir -p {quoted}/workspace {quoted}/journal", timeout=60
+        )
+        if result.exit_code != 0:
+            raise SandboxError(
+                "cannot create the remote sandbox", run_id=run_id, reason="create-failed"
+            )
+        log.info("sandbox.created", provider=self.name, sandbox=sandbox_id, run_id=run_id)
+        return SandboxRef(self.name, sandbox_id, root, spec, self.target.as_host())
+
+    def _check(self, ref: SandboxRef) -> str:
+        expected = f"{self.target.root.rstrip('/')}/{ref.id}"
+        if (
+            ref.provider != self.name
+            or ref.root != expected
+            or dict(ref.host or {}) != self.target.as_host()
+            or not ref.id.isalnum()
+        ):
+            raise SandboxError(
+                "sandbox reference does not belong to this provider",
+                reason="provider-mismatch",
+                sandbox=ref.id,
+            )
+        return shlex.quote(ref.root)
+
+    def resume(self, ref: SandboxRef) -> SshSandbox | None:
+        root = self._check(ref)
+        result = self.connection.run(
+            f"test -d {root}/workspace && test -d {root}/journal", timeout=60
+        )
+        return SshSandbox(ref, self.connection) if result.exit_code == 0 else None
+
+    def destroy(self, ref: SandboxRef) -> None:
+        root = self._check(ref)
+        workspace = shlex.quote(ref.workspace)
+        script = (
+            f"if [ -f {root}/procs ]; then for pid in $(cat {root}/procs); do "
+            f'[ "$(readlink /proc/$pid/cwd)" = {workspace} ] && kill -KILL -- -$pid; '
+            f"done; fi 2>/dev/null; rm -rf -- {root}"
+        )
+        result = self.connection.run(script, timeout=60)
+        if result.exit_code != 0:
+            raise SandboxError(
+                "cannot remove the remote sandbox", reason="destroy-failed", sandbox=ref.id
+            )
+        log.info("sandbox.destroyed", provider=self.name, sandbox=ref.id)

@@ -1,0 +1,497 @@
+"""Every SQL statement of the store, named.
+
+Each conditional write is one statement whose WHERE clause is the guard and
+whose RETURNING row is the verdict, so no read-then-write race exists between
+Python and the database. Times are always ``now()`` on the database clock; no
+statement takes a time from the client, only durations in seconds.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from string import Template
+
+from sqlalchemy import TextClause, text
+
+RUN_COLUMNS = (
+    "run_id, seq, session_id, status, payload, attempt_id, epoch, owner, lease_expires_at, "
+    "attempt_count, max_attempts, deadline, cancel_requested_at, sandbox_ref, created_at, "
+    "started_at, finished_at, updated_at, error, dispatched_at, pruned_at"
+)
+JOURNAL_COLUMNS = (
+    "run_id, attempt_id, turn_index, turn_id, phase, revision, stream_key, tool_request, "
+    "checkpoint_leaf_id, committed_leaf_id, stream_consumed_at, created_at, updated_at"
+)
+ENTRY_COLUMNS = (
+    "session_id, entry_id, parent_id, run_id, attempt_id, kind, body, position, created_at"
+)
+
+
+def _q(prefix: str, columns: str) -> str:
+    return ", ".join(f"{prefix}.{c.strip()}" for c in columns.split(","))
+
+
+_OWNED_SLOT = """
+FROM runs r
+WHERE j.run_id = :run_id AND j.attempt_id = :attempt_id
+  AND r.run_id = j.run_id AND r.attempt_id = :attempt_id AND r.status = 'running'
+"""
+
+# Fixed fragments shared by several statements. They are constants of this module,
+# never input: every value reaches the database as a bound parameter.
+_FRAGMENTS = {
+    "run_columns": RUN_COLUMNS,
+    "journal_columns": JOURNAL_COLUMNS,
+    "entry_columns": ENTRY_COLUMNS,
+    "r_run_columns": _q("r", RUN_COLUMNS),
+    "e_entry_columns": _q("e", ENTRY_COLUMNS),
+    "lease": "now() + make_interval(secs => CAST(:lease_ttl AS double precision))",
+    "owned_slot": _OWNED_SLOT,
+}
+
+
+def _sql(template: str) -> TextClause:
+    return text(Template(template).substitute(_FRAGMENTS))
+
+
+# --- admission -------------------------------------------------------------------------
+
+# Serializes admission and deletion within one session, so that within a session
+# the admission sequence equals commit order (a zero-row FOR UPDATE locks nothing).
+LOCK_SESSION = text("SELECT pg_advisory_xact_lock(hashtextextended(:lock_key, 0))")
+
+FIND_RECEIPT = text("SELECT session_id FROM run_receipts WHERE run_id = :run_id")
+
+ENSURE_SESSION = text(
+    "INSERT INTO sessions (session_id) VALUES (:session_id) ON CONFLICT (session_id) DO NOTHING"
+)
+
+INSERT_RUN = _sql("""
+INSERT INTO runs (run_id, session_id, status, payload, max_attempts, deadline)
+VALUES (
+    :run_id, :session_id, 'queued', CAST(:payload AS jsonb), :max_attempts,
+    now() + make_interval(secs => CAST(:deadline AS double precision))
+)
+ON CONFLICT (run_id) DO NOTHING
+RETURNING $run_columns
+""")
+
+EXISTING_RUN = _sql("""
+SELECT $run_columns, payload = CAST(:payload AS jsonb) AS same_payload
+FROM runs WHERE run_id = :run_id
+""")
+
+# --- ownership -------------------------------------------------------------------------
+
+CLAIM_RUN = _sql("""
+WITH candidate AS (
+    SELECT r.run_id FROM runs r
+    WHERE r.run_id = :run_id AND r.status = 'queued'
+      AND r.attempt_count < r.max_attempts
+      AND (r.deadline IS NULL OR r.deadline > now())
+      AND NOT EXISTS (
+          SELECT 1 FROM runs e
+          WHERE e.session_id = r.session_id AND e.seq < r.seq
+            AND e.status IN ('queued', 'running'))
+), claimed AS (
+    UPDATE runs SET status = 'running', attempt_id = :attempt_id, epoch = runs.epoch + 1,
+        attempt_count = runs.attempt_count + 1, owner = :owner,
+        lease_expires_at = $lease, started_at = now(), updated_at = now()
+    FROM candidate
+    WHERE runs.run_id = candidate.run_id AND runs.status = 'queued'
+    RETURNING runs.run_id, runs.attempt_id, runs.epoch
+), recorded AS (
+    INSERT INTO attempts (run_id, attempt_id, epoch, owner)
+    SELECT run_id, attempt_id, epoch, :owner FROM claimed
+)
+SELECT run_id, attempt_id, epoch FROM claimed
+""")
+
+RENEW_LEASE = _sql("""
+UPDATE runs SET lease_expires_at = $lease, updated_at = now()
+WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
+RETURNING lease_expires_at
+""")
+
+# The handoff: the lease expiry is checked on the database clock in the same
+# statement that moves ownership, so a lease renewed a moment ago cannot be stolen.
+REPLACE_ATTEMPT = _sql("""
+WITH replaced AS (
+    UPDATE runs SET attempt_id = :new_attempt_id, epoch = epoch + 1,
+        attempt_count = attempt_count + 1, owner = :owner,
+        lease_expires_at = $lease, updated_at = now()
+    WHERE run_id = :run_id AND status = 'running' AND attempt_id = :expected_attempt_id
+      AND (NOT CAST(:only_if_expired AS boolean) OR lease_expires_at < now())
+    RETURNING run_id, attempt_id, epoch
+), slot AS (
+    UPDATE turn_journals j SET attempt_id = replaced.attempt_id,
+        revision = j.revision + 1, updated_at = now()
+    FROM replaced WHERE j.run_id = replaced.run_id
+), ended AS (
+    UPDATE attempts a SET ended_at = now(), outcome = 'superseded'
+    FROM replaced
+    WHERE a.run_id = replaced.run_id AND a.attempt_id = :expected_attempt_id
+      AND a.ended_at IS NULL
+), started AS (
+    INSERT INTO attempts (run_id, attempt_id, epoch, owner)
+    SELECT run_id, attempt_id, epoch, :owner FROM replaced
+)
+SELECT run_id, attempt_id, epoch FROM replaced
+""")
+
+# Several reconcilers at once each lock a disjoint set of runs (SKIP LOCKED).
+RECLAIM_EXPIRED = _sql("""
+WITH candidates AS (
+    SELECT run_id, attempt_id FROM runs
+    WHERE status = 'running' AND lease_expires_at < now()
+      AND attempt_count < max_attempts AND (deadline IS NULL OR deadline > now())
+      AND cancel_requested_at IS NULL
+    ORDER BY lease_expires_at, seq
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), replaced AS (
+    UPDATE runs r SET attempt_id = replace(CAST(gen_random_uuid() AS text), '-', ''),
+        epoch = r.epoch + 1, attempt_count = r.attempt_count + 1, owner = :owner,
+        lease_expires_at = $lease, updated_at = now()
+    FROM candidates c WHERE r.run_id = c.run_id
+    RETURNING r.run_id, r.attempt_id, r.epoch, c.attempt_id AS old_attempt_id
+), slot AS (
+    UPDATE turn_journals j SET attempt_id = replaced.attempt_id,
+        revision = j.revision + 1, updated_at = now()
+    FROM replaced WHERE j.run_id = replaced.run_id
+), ended AS (
+    UPDATE attempts a SET ended_at = now(), outcome = 'superseded'
+    FROM replaced
+    WHERE a.run_id = replaced.run_id AND a.attempt_id = replaced.old_attempt_id
+      AND a.ended_at IS NULL
+), started AS (
+    INSERT INTO attempts (run_id, attempt_id, epoch, owner)
+    SELECT run_id, attempt_id, epoch, :owner FROM replaced
+)
+SELECT run_id, attempt_id, epoch FROM replaced ORDER BY run_id
+""")
+
+EXPIRE_EXHAUSTED = _sql("""
+WITH doomed AS (
+    SELECT run_id, attempt_id,
+        CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
+             WHEN deadline IS NOT NULL AND deadline <= now() THEN 'deadline-exceeded'
+             ELSE 'attempts-exhausted' END AS reason
+    FROM runs
+    WHERE (status = 'running' AND lease_expires_at < now()
+           AND (attempt_count >= max_attempts OR deadline <= now()
+                OR cancel_requested_at IS NOT NULL))
+       OR (status = 'queued' AND deadline <= now())
+    ORDER BY seq
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), settled AS (
+    UPDATE runs r
+    SET status = CASE WHEN d.reason = 'cancelled' THEN 'aborted' ELSE 'failed' END,
+        error = jsonb_build_object('reason', d.reason, 'message',
+            CASE d.reason
+                WHEN 'cancelled' THEN 'the run was cancelled and its owner is gone'
+                WHEN 'deadline-exceeded' THEN 'the run passed its deadline'
+                ELSE 'the run used all of its attempts' END),
+        finished_at = now(), updated_at = now()
+    FROM doomed d WHERE r.run_id = d.run_id
+    RETURNING $r_run_columns
+), ended AS (
+    UPDATE attempts a SET ended_at = now(), outcome = 'expired'
+    FROM doomed d
+    WHERE a.run_id = d.run_id AND a.attempt_id = d.attempt_id AND a.ended_at IS NULL
+)
+SELECT $run_columns FROM settled ORDER BY seq
+""")
+
+SETTLE_RUN = text("""
+WITH settled AS (
+    UPDATE runs SET status = :status, error = CAST(:error AS jsonb),
+        finished_at = now(), updated_at = now()
+    WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
+    RETURNING run_id
+), ended AS (
+    UPDATE attempts a SET ended_at = now(), outcome = :status
+    FROM settled
+    WHERE a.run_id = settled.run_id AND a.attempt_id = :attempt_id AND a.ended_at IS NULL
+)
+SELECT run_id FROM settled
+""")
+
+RECORD_SANDBOX = text("""
+UPDATE runs SET sandbox_ref = CAST(:sandbox_ref AS jsonb), updated_at = now()
+WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
+RETURNING run_id
+""")
+
+REQUEST_CANCEL = _sql("""
+UPDATE runs SET
+    cancel_requested_at = COALESCE(cancel_requested_at, now()),
+    status = CASE WHEN status = 'queued' THEN 'aborted' ELSE status END,
+    finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END,
+    error = CASE WHEN status = 'queued'
+        THEN jsonb_build_object('reason', 'cancelled', 'message', 'cancelled before it started')
+        ELSE error END,
+    updated_at = now()
+WHERE run_id = :run_id AND status IN ('queued', 'running')
+RETURNING $run_columns
+""")
+
+# --- turn journal ----------------------------------------------------------------------
+
+# Guarded by the attempt (the run row is share-locked, so a concurrent handoff
+# serializes with it) and by turns only moving forward.
+BEGIN_JOURNAL = text("""
+INSERT INTO turn_journals AS j
+    (run_id, attempt_id, turn_index, turn_id, phase, revision, checkpoint_leaf_id)
+SELECT r.run_id, r.attempt_id, :turn_index, :turn_id, 'before_provider', 1, :checkpoint_leaf_id
+FROM runs r
+WHERE r.run_id = :run_id AND r.attempt_id = :attempt_id AND r.status = 'running'
+FOR SHARE
+ON CONFLICT (run_id) DO UPDATE SET
+    turn_index = excluded.turn_index, turn_id = excluded.turn_id,
+    phase = 'before_provider', revision = j.revision + 1,
+    stream_key = NULL, tool_request = NULL, checkpoint_leaf_id = excluded.checkpoint_leaf_id,
+    committed_leaf_id = NULL, stream_consumed_at = NULL, updated_at = now()
+WHERE j.attempt_id = excluded.attempt_id AND excluded.turn_index > j.turn_index
+RETURNING j.revision
+""")
+
+UPDATE_PHASE = _sql("""
+UPDATE turn_journals j SET phase = :phase, revision = j.revision + 1, updated_at = now(),
+    stream_key = COALESCE(:stream_key, j.stream_key),
+    tool_request = COALESCE(CAST(:tool_request AS jsonb), j.tool_request),
+    checkpoint_leaf_id = COALESCE(:checkpoint_leaf_id, j.checkpoint_leaf_id)
+$owned_slot
+  AND j.phase IN (:from_a, :from_b)
+RETURNING j.revision
+""")
+
+COMMIT_JOURNAL = _sql("""
+UPDATE turn_journals j SET phase = 'committed', committed_leaf_id = :committed_leaf_id,
+    revision = j.revision + 1, updated_at = now()
+$owned_slot
+  AND j.phase IN ('provider_started', 'tool_request_recorded')
+RETURNING j.revision
+""")
+
+MARK_STREAM_CONSUMED = _sql("""
+UPDATE turn_journals j SET stream_consumed_at = now(), revision = j.revision + 1,
+    updated_at = now()
+$owned_slot
+  AND j.phase <> 'committed' AND j.stream_key = :stream_key AND j.stream_consumed_at IS NULL
+RETURNING j.revision
+""")
+
+GET_JOURNAL = _sql("SELECT $journal_columns FROM turn_journals WHERE run_id = :run_id")
+
+# --- stream segments -------------------------------------------------------------------
+
+APPEND_SEGMENT = text("""
+WITH owner AS (
+    SELECT run_id FROM runs
+    WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
+    FOR SHARE
+), tip AS (
+    SELECT COALESCE((SELECT byte_end FROM stream_segments WHERE stream_key = :stream_key
+                     ORDER BY byte_start DESC LIMIT 1), 0) AS byte_end
+), foreign_key AS (
+    SELECT 1 FROM stream_segments WHERE stream_key = :stream_key AND run_id <> :run_id LIMIT 1
+), inserted AS (
+    INSERT INTO stream_segments (stream_key, byte_start, byte_end, body, run_id)
+    SELECT :stream_key, :byte_start, :byte_end, :body, owner.run_id FROM owner, tip
+    WHERE tip.byte_end = :byte_start AND NOT EXISTS (SELECT 1 FROM foreign_key)
+    ON CONFLICT (stream_key, byte_start) DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM inserted) AS inserted,
+       (SELECT count(*) FROM owner) AS owned,
+       (SELECT count(*) FROM foreign_key) AS other_run,
+       (SELECT byte_end FROM tip) AS tip
+""")
+
+STORED_SEGMENT = text(
+    "SELECT body FROM stream_segments WHERE stream_key = :stream_key AND byte_start = :byte_start"
+)
+
+STREAM_SEGMENTS = text("""
+SELECT stream_key, byte_start, byte_end, body FROM stream_segments
+WHERE stream_key = :stream_key AND byte_end > :from_byte
+ORDER BY byte_start
+""")
+
+# --- transcript ------------------------------------------------------------------------
+
+FENCE_WRITER = text("""
+SELECT 1 FROM runs
+WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
+  AND session_id = :session_id
+FOR SHARE
+""")
+
+MOVE_LEAF = text("""
+UPDATE sessions SET leaf_id = :leaf_id, version = version + 1, updated_at = now()
+WHERE session_id = :session_id AND leaf_id IS NOT DISTINCT FROM :expected_leaf
+RETURNING version
+""")
+
+INSERT_ENTRIES = text("""
+INSERT INTO transcript_entries (session_id, entry_id, parent_id, run_id, attempt_id, kind, body)
+SELECT :session_id, e.entry_id, e.parent_id, :run_id, :attempt_id, e.kind, e.body
+FROM jsonb_to_recordset(CAST(:entries AS jsonb))
+    AS e(ord int, entry_id text, parent_id text, kind text, body jsonb)
+ORDER BY e.ord
+ON CONFLICT (session_id, entry_id) DO NOTHING
+RETURNING entry_id
+""")
+
+STORED_ENTRIES = text("""
+SELECT e.entry_id, e.parent_id, e.kind, e.body
+FROM transcript_entries e
+WHERE e.session_id = :session_id AND e.entry_id IN (
+    SELECT value FROM jsonb_array_elements_text(CAST(:entry_ids AS jsonb)))
+""")
+
+CURRENT_LEAF = text("SELECT leaf_id FROM sessions WHERE session_id = :session_id")
+
+SET_LEAF = text("""
+WITH writer AS (
+    SELECT 1 FROM runs
+    WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
+      AND session_id = :session_id
+    FOR SHARE
+)
+UPDATE sessions s SET leaf_id = :entry_id, version = s.version + 1, updated_at = now()
+WHERE s.session_id = :session_id AND EXISTS (SELECT 1 FROM writer)
+  AND EXISTS (SELECT 1 FROM transcript_entries e
+              WHERE e.session_id = :session_id AND e.entry_id = :entry_id)
+RETURNING s.version
+""")
+
+ACTIVE_PATH = _sql("""
+WITH RECURSIVE path AS (
+    SELECT $e_entry_columns, 0 AS depth
+    FROM sessions s JOIN transcript_entries e
+        ON e.session_id = s.session_id AND e.entry_id = s.leaf_id
+    WHERE s.session_id = :session_id
+    UNION ALL
+    SELECT $e_entry_columns, p.depth + 1
+    FROM transcript_entries e JOIN path p
+        ON e.session_id = p.session_id AND e.entry_id = p.parent_id
+)
+SELECT $entry_columns FROM path ORDER BY depth DESC
+""")
+
+# --- sessions --------------------------------------------------------------------------
+
+BUSY_RUNS = text("""
+SELECT count(*) FROM runs WHERE session_id = :session_id AND status IN ('queued', 'running')
+""")
+
+SESSION_EXISTS = text("""
+SELECT EXISTS (SELECT 1 FROM sessions WHERE session_id = :session_id)
+    OR EXISTS (SELECT 1 FROM runs WHERE session_id = :session_id)
+""")
+
+WRITE_RECEIPTS = text("""
+INSERT INTO run_receipts (run_id, session_id, status)
+SELECT run_id, session_id, status FROM runs
+WHERE session_id = :session_id AND status NOT IN ('queued', 'running')
+ON CONFLICT (run_id) DO NOTHING
+""")
+
+DELETE_SESSION_RUNS = text("""
+DELETE FROM runs WHERE session_id = :session_id AND status NOT IN ('queued', 'running')
+""")
+
+DELETE_SESSION_ROW = text("DELETE FROM sessions WHERE session_id = :session_id")
+
+MARK_SESSION_DELETED = text("""
+INSERT INTO session_deletions (session_id) VALUES (:session_id)
+ON CONFLICT (session_id) DO UPDATE SET deleted_at = now()
+""")
+
+# --- reads and the reconciler ----------------------------------------------------------
+
+GET_RUN = _sql("SELECT $run_columns FROM runs WHERE run_id = :run_id")
+
+LIST_RUNS = _sql("""
+SELECT $run_columns FROM runs
+WHERE (CAST(:status AS text) IS NULL OR status = :status)
+  AND (CAST(:session_id AS text) IS NULL OR session_id = :session_id)
+ORDER BY seq DESC
+LIMIT :limit
+""")
+
+EXPIRED_RUNS = _sql("""
+SELECT $run_columns FROM runs
+WHERE status = 'running' AND lease_expires_at < now()
+ORDER BY lease_expires_at, seq
+LIMIT :limit
+""")
+
+STALE_QUEUED_RUNS = _sql("""
+SELECT $run_columns FROM runs
+WHERE status = 'queued'
+  AND COALESCE(dispatched_at, created_at)
+      < now() - make_interval(secs => CAST(:older_than AS double precision))
+ORDER BY seq
+LIMIT :limit
+""")
+
+MARK_DISPATCHED = text("""
+UPDATE runs SET dispatched_at = now(), updated_at = now()
+WHERE run_id = :run_id AND status = 'queued'
+RETURNING run_id
+""")
+
+# --- reaping -----------------------------------------------------------------------------
+
+RUNS_TO_REAP = _sql("""
+SELECT $run_columns FROM runs
+WHERE status IN ('completed', 'failed', 'aborted') AND sandbox_ref IS NOT NULL
+ORDER BY finished_at
+LIMIT :limit
+""")
+
+FORGET_SANDBOX = text("""
+UPDATE runs SET sandbox_ref = NULL, updated_at = now()
+WHERE run_id = :run_id AND status IN ('completed', 'failed', 'aborted')
+RETURNING run_id
+""")
+
+UNSETTLED_SANDBOX_REFS = text("""
+SELECT sandbox_ref FROM runs
+WHERE status IN ('queued', 'running') AND sandbox_ref IS NOT NULL
+""")
+
+PRUNE_SETTLED = text("""
+WITH batch AS (
+    SELECT run_id FROM runs
+    WHERE finished_at IS NOT NULL AND pruned_at IS NULL
+      AND finished_at < now() - make_interval(secs => CAST(:older_than AS double precision))
+    ORDER BY finished_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), segments AS (
+    DELETE FROM stream_segments s USING batch b WHERE s.run_id = b.run_id
+), slots AS (
+    DELETE FROM turn_journals j USING batch b WHERE j.run_id = b.run_id
+), marked AS (
+    UPDATE runs r SET pruned_at = now() FROM batch b WHERE r.run_id = b.run_id
+    RETURNING r.run_id
+)
+SELECT count(*) FROM marked
+""")
+
+NOW = text("SELECT now()")
+
+
+_BIND = re.compile(r"(?<![:\w]):(\w+)")
+
+
+@cache
+def pyformat(statement: TextClause) -> str:
+    """The statement in psycopg's ``%(name)s`` style, for the pooled driver connection."""
+    return _BIND.sub(r"%(\1)s", statement.text.replace("%", "%%"))

@@ -1,0 +1,220 @@
+"""The store's value types and the checks run on every argument before any SQL.
+
+Rows come back as frozen dataclasses so nobody mutates what the database said;
+statuses and phases are StrEnums so an unknown one is refused in Python.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from turnkeeper.errors import InvalidInputError
+
+MAX_ID_LENGTH = 255
+
+
+class RunStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    ABORTED = "aborted"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self not in (RunStatus.QUEUED, RunStatus.RUNNING)
+
+
+class TurnPhase(StrEnum):
+    BEFORE_PROVIDER = "before_provider"
+    PROVIDER_STARTED = "provider_started"
+    TOOL_REQUEST_RECORDED = "tool_request_recorded"
+    COMMITTED = "committed"
+
+
+# Forward moves within a turn; `committed` is reached only through commit_turn_journal.
+PHASE_PREDECESSORS: Mapping[TurnPhase, tuple[TurnPhase, ...]] = {
+    TurnPhase.PROVIDER_STARTED: (TurnPhase.BEFORE_PROVIDER,),
+    TurnPhase.TOOL_REQUEST_RECORDED: (TurnPhase.PROVIDER_STARTED,),
+    TurnPhase.COMMITTED: (TurnPhase.PROVIDER_STARTED, TurnPhase.TOOL_REQUEST_RECORDED),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Proof of ownership: every owner write is guarded by ``attempt_id``."""
+
+    run_id: str
+    attempt_id: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    run_id: str
+    seq: int
+    session_id: str
+    status: RunStatus
+    payload: Any
+    attempt_id: str | None
+    epoch: int
+    owner: str | None
+    lease_expires_at: datetime | None
+    attempt_count: int
+    max_attempts: int
+    deadline: datetime | None
+    cancel_requested_at: datetime | None
+    sandbox_ref: dict[str, Any] | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    updated_at: datetime
+    error: Any
+    dispatched_at: datetime | None
+    pruned_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> Run:
+        values = dict(row)
+        values["status"] = RunStatus(values["status"])
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnJournal:
+    """The one journal slot of a run: how far its current turn got."""
+
+    run_id: str
+    attempt_id: str
+    turn_index: int
+    turn_id: str
+    phase: TurnPhase
+    revision: int
+    stream_key: str | None
+    tool_request: Any
+    checkpoint_leaf_id: str | None
+    committed_leaf_id: str | None
+    stream_consumed_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> TurnJournal:
+        values = dict(row)
+        values["phase"] = TurnPhase(values["phase"])
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class NewEntry:
+    """A transcript entry to append; its id must be deterministic so a replay is a no-op."""
+
+    entry_id: str
+    kind: str
+    body: Any
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptEntry:
+    session_id: str
+    entry_id: str
+    parent_id: str | None
+    run_id: str
+    attempt_id: str
+    kind: str
+    body: Any
+    position: int
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> TranscriptEntry:
+        return cls(**dict(row))
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSegment:
+    stream_key: str
+    byte_start: int
+    byte_end: int
+    body: bytes
+
+
+# --- argument checks -------------------------------------------------------------------
+
+
+def check_id(value: object, what: str) -> str:
+    """Ids are non-empty strings of at most 255 characters without control characters."""
+    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH:
+        raise InvalidInputError(
+            f"{what} must be a non-empty string of at most {MAX_ID_LENGTH} characters",
+            reason=f"invalid-{what.replace('_', '-')}",
+        )
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise InvalidInputError(
+            f"{what} contains a control character", reason=f"invalid-{what.replace('_', '-')}"
+        )
+    return value
+
+
+def check_optional_id(value: object, what: str) -> str | None:
+    return None if value is None else check_id(value, what)
+
+
+def check_seconds(value: object, what: str, *, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInputError(f"{what} must be a number of seconds", reason=f"invalid-{what}")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+        raise InvalidInputError(f"{what} must be a positive number of seconds, got {value!r}")
+    return seconds
+
+
+def check_limit(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError(f"limit must be a positive integer, got {value!r}")
+    return value
+
+
+def check_claim(claim: object) -> Claim:
+    if not isinstance(claim, Claim):
+        raise InvalidInputError("expected a Claim from claim_run or a replacement")
+    check_id(claim.run_id, "run_id")
+    check_id(claim.attempt_id, "attempt_id")
+    return claim
+
+
+def to_json(value: Any, what: str) -> str:
+    """Serialize for a jsonb column; refuse what JSON cannot hold, including NUL."""
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(
+            f"{what} is not JSON-serializable: {exc}", reason="not-json"
+        ) from exc
+    if "\\u0000" in text:
+        raise InvalidInputError(f"{what} contains a NUL character", reason="not-json")
+    return text
+
+
+def check_status(value: object) -> RunStatus:
+    if not isinstance(value, str):
+        raise InvalidInputError(f"unknown run status {value!r}", reason="invalid-status")
+    try:
+        return RunStatus(value)
+    except ValueError:
+        raise InvalidInputError(f"unknown run status {value!r}", reason="invalid-status") from None
+
+
+def check_phase(value: object) -> TurnPhase:
+    if not isinstance(value, str):
+        raise InvalidInputError(f"unknown turn phase {value!r}", reason="invalid-phase")
+    try:
+        return TurnPhase(value)
+    except ValueError:
+        raise InvalidInputError(f"unknown turn phase {value!r}", reason="invalid-phase") from None

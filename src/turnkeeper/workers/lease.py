@@ -1,0 +1,88 @@
+"""The lease heartbeat: renew the owner's lease, and notice loss and cancellation.
+
+A thread per driven run. It renews every ``heartbeat_interval`` on the database
+clock; when a renewal is refused, ownership is gone and ``lost`` is set at once,
+so the driver stops writing. Transient database errors are retried until the
+lease would have run out; after that the lease is treated as lost (someone else
+may own the run by then). Each beat also reads the run's cancel flag.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import structlog
+
+from turnkeeper.errors import StoreUnavailableError
+from turnkeeper.store.records import Claim
+from turnkeeper.store.store import Store
+
+log = structlog.get_logger(__name__)
+
+
+class LeaseKeeper:
+    def __init__(self, store: Store, claim: Claim, *, lease_ttl: float, interval: float) -> None:
+        self.store = store
+        self.claim = claim
+        self.lease_ttl = lease_ttl
+        self.interval = interval
+        self.lost = threading.Event()
+        self.cancelled = threading.Event()
+        self.changed = threading.Event()
+        """Set with ``lost`` or ``cancelled``, so a waiting driver wakes up."""
+        self.renewals = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"lease-{claim.run_id[:32]}", daemon=True
+        )
+        self._last_renewed = time.monotonic()
+        self._retrying = False
+        self._log = log.bind(run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
+
+    def start(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.interval + 5)
+
+    def beat(self) -> None:
+        """One renewal and cancel check, now (the thread calls it every interval)."""
+        try:
+            renewed = self.store.renew_lease(self.claim, self.lease_ttl)
+            run = self.store.get_run(self.claim.run_id) if renewed else None
+        except StoreUnavailableError as exc:
+            self._retrying = True
+            if time.monotonic() - self._last_renewed >= self.lease_ttl:
+                self._log.warning("lease.expired_unreachable", error=str(exc))
+                self._mark(self.lost)
+            else:
+                self._log.warning("lease.renew_retrying", error=str(exc))
+            return
+        if not renewed:
+            self._mark(self.lost)
+            return
+        self._retrying = False
+        self.renewals += 1
+        self._last_renewed = time.monotonic()
+        if run is not None and run.cancel_requested_at is not None:
+            self._mark(self.cancelled)
+
+    def _mark(self, event: threading.Event) -> None:
+        if not event.is_set():
+            self._log.info("lease.lost" if event is self.lost else "run.cancel_noticed")
+        event.set()
+        self.changed.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._wait_time()):
+            self.beat()
+            if self.lost.is_set():
+                return
+
+    def _wait_time(self) -> float:
+        """Beat every interval; retry sooner while the database is unreachable."""
+        return min(self.interval, 0.5) if self._retrying else self.interval

@@ -1,0 +1,84 @@
+"""What one worker process holds: the store, the run log and the sandbox providers.
+
+Built lazily, once per process: Celery's prefork pool forks children from a
+parent that must not hold connections, so nothing here connects at import or in
+the parent; ``runtime_for`` notices a fork (a new pid) and builds afresh.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+
+import structlog
+
+from turnkeeper.config import Settings
+from turnkeeper.log import RunLog
+from turnkeeper.sandbox.factory import provider_for
+from turnkeeper.sandbox.provider import SandboxProvider
+from turnkeeper.store.store import Store
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class WorkerRuntime:
+    settings: Settings
+    store: Store
+    log: RunLog
+    owner: str
+    _providers: dict[str, SandboxProvider] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def open(cls, settings: Settings) -> WorkerRuntime:
+        store = Store(settings.require_database_url())
+        run_log = RunLog.from_url(
+            settings.require_redis_url(),
+            namespace=settings.namespace,
+            retention_seconds=settings.log_retention,
+            max_chunks=settings.log_max_chunks,
+        )
+        owner = f"{socket.gethostname()}:{os.getpid()}"
+        log.info("worker.runtime.opened", owner=owner)
+        return cls(settings=settings, store=store, log=run_log, owner=owner)
+
+    def provider(self, name: str | None = None) -> SandboxProvider:
+        key = name or self.settings.sandbox_provider
+        with self._lock:
+            if key not in self._providers:
+                self._providers[key] = provider_for(key, self.settings)
+            return self._providers[key]
+
+    @property
+    def secret(self) -> str | None:
+        return None if self.settings.secret is None else self.settings.secret.get_secret_value()
+
+    def close(self) -> None:
+        self.store.close()
+        self.log.client.close()
+
+
+_runtimes: dict[tuple[int, Settings], WorkerRuntime] = {}
+_runtimes_lock = threading.Lock()
+
+
+def runtime_for(settings: Settings) -> WorkerRuntime:
+    """This process's runtime for ``settings``, opened on first use after a fork."""
+    key = (os.getpid(), settings)
+    with _runtimes_lock:
+        runtime = _runtimes.get(key)
+        if runtime is None:
+            runtime = _runtimes[key] = WorkerRuntime.open(settings)
+        return runtime
+
+
+def close_runtimes() -> None:
+    """Close this process's runtimes (worker shutdown)."""
+    with _runtimes_lock:
+        for (pid, _), runtime in list(_runtimes.items()):
+            if pid == os.getpid():
+                runtime.close()
+        _runtimes.clear()

@@ -1,0 +1,379 @@
+"""The journal conformance suite, run against every provider (local, bwrap, ssh)."""
+
+# ruff: noqa: S105 - sentinel keys in these tests are fixtures, not credentials
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+import pytest
+
+from turnkeeper.errors import AgentVanishedError, JournalExistsError, JournalStalledError
+from turnkeeper.sandbox import (
+    JournalPaths,
+    JournalReader,
+    Sandbox,
+    SandboxProvider,
+    SandboxSpec,
+    StopSignal,
+    cleanup_journal,
+    exit_sentinel_line,
+    latest_journal,
+    list_journals,
+    nonce_for,
+    parse_journal_name,
+    probe_exit,
+    spawn_journaled,
+    stderr_tail,
+    strategy_for,
+)
+from turnkeeper.sandbox.ssh import SshProvider
+
+SECRET = "test-secret"
+RUN = "run-1"
+
+
+def read_all(
+    sandbox: Sandbox, paths: JournalPaths, **options: object
+) -> tuple[list[tuple[bytes, int]], JournalReader]:
+    reader = JournalReader(
+        sandbox,
+        paths,
+        nonce=nonce_for(sandbox.ref, paths.run_id, SECRET),
+        **options,  # type: ignore[arg-type]
+    )
+    return list(reader), reader
+
+
+def journal_bytes(paths: JournalPaths) -> bytes:
+    # Every provider under test keeps its files on this machine (ssh is loopback).
+    return Path(paths.journal).read_bytes()
+
+
+def sentinel(sandbox: Sandbox, code: int, run_id: str = RUN) -> bytes:
+    return exit_sentinel_line(run_id, code, secret=SECRET, sandbox_id=sandbox.ref.id)
+
+
+def test_redirect_sentinel_and_stderr_apart(sandbox: Sandbox) -> None:
+    handle = spawn_journaled(
+        sandbox, RUN, "echo '{\"a\":1}'; echo oops >&2; echo two", secret=SECRET
+    )
+    lines, reader = read_all(sandbox, handle.paths)
+    assert lines == [(b'{"a":1}', 8), (b"two", 12)]
+    assert (reader.exit_code, reader.end_position) == (0, 12 + len(sentinel(sandbox, 0)))
+    assert journal_bytes(handle.paths) == b'{"a":1}\ntwo\n' + sentinel(sandbox, 0)
+    assert stderr_tail(sandbox, handle.paths) == b"oops\n"
+    assert strategy_for(sandbox.capabilities) == "follow"
+
+
+def test_exit_inside_command_still_writes_the_sentinel(sandbox: Sandbox) -> None:
+    handle = spawn_journaled(sandbox, RUN, "echo before; exit 7; echo after", secret=SECRET)
+    lines, reader = read_all(sandbox, handle.paths)
+    assert lines == [(b"before", 7)]
+    assert reader.exit_code == 7
+    assert journal_bytes(handle.paths) == b"before\n" + sentinel(sandbox, 7)
+
+
+def test_forged_sentinels_are_ordinary_lines(sandbox: Sandbox) -> None:
+    wrong = b'{"__exit":0,"__nonce":"' + b"0" * 64 + b'"}'
+    other_run = exit_sentinel_line("other", 0, secret=SECRET, sandbox_id=sandbox.ref.id).rstrip()
+    script = (
+        "printf '%s\\n' '{\"__exit\":0}' "
+        f'\'{wrong.decode()}\' \'{{"__exit":"x","__nonce":"abc"}}\' \'{other_run.decode()}\' '
+        "'{\"__exit\":0} mid-stream' done; exit 3"
+    )
+    handle = spawn_journaled(sandbox, RUN, script, secret=SECRET)
+    lines, reader = read_all(sandbox, handle.paths)
+    assert [line for line, _ in lines] == [
+        b'{"__exit":0}', wrong, b'{"__exit":"x","__nonce":"abc"}', other_run,
+        b'{"__exit":0} mid-stream', b"done",
+    ]  # fmt: skip
+    assert reader.exit_code == 3
+
+
+def test_partial_last_line_big_line_and_invalid_utf8(sandbox: Sandbox) -> None:
+    big = 10 * 1024 * 1024
+    script = f"printf '\\377\\376ok\\n'; head -c {big} /dev/zero | tr '\\0' a; echo; printf tail"
+    handle = spawn_journaled(sandbox, RUN, script, secret=SECRET)
+    lines, reader = read_all(sandbox, handle.paths)
+    assert [(len(line), end) for line, end in lines] == [
+        (4, 5),
+        (big, 5 + big + 1),
+        (4, 5 + big + 1 + 5),
+    ]
+    assert lines[0][0] == b"\xff\xfeok"
+    assert lines[1][0] == b"a" * big
+    assert lines[2][0] == b"tail"
+    assert reader.exit_code == 0
+    assert journal_bytes(handle.paths).endswith(b"\ntail\n" + sentinel(sandbox, 0))
+
+
+def test_reads_resume_from_any_offset_with_absolute_positions(sandbox: Sandbox) -> None:
+    handle = spawn_journaled(sandbox, RUN, "for i in 1 2 3 4; do echo line$i; done", secret=SECRET)
+    full, _ = read_all(sandbox, handle.paths)
+    assert [end for _, end in full] == [6, 12, 18, 24]
+    for strategy in ("follow", "poll"):
+        resumed, reader = read_all(sandbox, handle.paths, from_byte=12, strategy=strategy)
+        assert resumed == full[2:]
+        assert reader.exit_code == 0
+
+
+def test_follow_delivers_each_line_before_the_next_is_written(sandbox: Sandbox) -> None:
+    workspace = Path(sandbox.ref.workspace)
+    script = "for i in 1 2 3; do echo $i; while [ ! -e go$i ]; do sleep 0.02; done; done"
+    handle = spawn_journaled(sandbox, RUN, script, secret=SECRET)
+    seen = []
+    reader = JournalReader(sandbox, handle.paths, nonce=nonce_for(sandbox.ref, RUN, SECRET))
+    for line, _ in reader:  # each line unblocks the next: a buffering reader would hang
+        seen.append(line)
+        (workspace / f"go{line.decode()}").touch()
+    assert seen == [b"1", b"2", b"3"]
+    assert reader.exit_code == 0
+
+
+def _tails_of(journal: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        following = "-F" in cmdline or any("tail -c +" in part for part in cmdline)
+        if following and any(journal in part for part in cmdline):
+            found.append(proc)
+    return found
+
+
+def test_stop_signal_ends_a_follow_and_kills_its_tail(sandbox: Sandbox) -> None:
+    handle = spawn_journaled(sandbox, RUN, "echo first; sleep 30", secret=SECRET)
+    stop = StopSignal()
+    reader = JournalReader(
+        sandbox, handle.paths, nonce=nonce_for(sandbox.ref, RUN, SECRET), stop=stop
+    )
+    seen = []
+    for line, _ in reader:
+        seen.append(line)
+        threading.Thread(target=stop.set).start()  # stopped from another thread
+    stop.close()
+    assert seen == [b"first"]
+    assert reader.exit_code is None
+    assert [p for p in _tails_of(handle.paths.journal) if p.is_running()] == []
+
+
+def test_kill_ends_the_sandbox_side_process(sandbox: Sandbox) -> None:
+    heartbeat = Path(sandbox.ref.workspace) / "hb"
+    proc = sandbox.spawn(["/bin/sh", "-c", "while :; do echo x >> hb; sleep 0.02; done"])
+    while not heartbeat.exists() or heartbeat.stat().st_size < 10:
+        time.sleep(0.02)
+    proc.kill()
+    time.sleep(0.2)  # let any in-flight write land
+    size = heartbeat.stat().st_size
+    time.sleep(0.5)
+    assert heartbeat.stat().st_size == size
+
+
+def test_an_agent_process_never_reuses_a_journal(sandbox: Sandbox) -> None:
+    first = spawn_journaled(sandbox, RUN, "echo a", secret=SECRET)
+    read_all(sandbox, first.paths)
+    with pytest.raises(JournalExistsError):
+        spawn_journaled(sandbox, RUN, "echo b", secret=SECRET, process=1)
+    second = spawn_journaled(sandbox, RUN, "echo b", secret=SECRET)
+    assert second.paths.process == 2
+    assert second.stream_key != first.stream_key
+    lines, _ = read_all(sandbox, second.paths)
+    assert lines == [(b"b", 2)]
+    assert [p.process for p in list_journals(sandbox, RUN)] == [1, 2]
+    assert latest_journal(sandbox, RUN) == second.paths
+    assert journal_bytes(first.paths) == b"a\n" + sentinel(sandbox, 0)
+
+
+def test_shell_hostile_run_id_round_trips(sandbox: Sandbox) -> None:
+    canary = Path(sandbox.ref.workspace) / "canary"
+    run_id = f"a/../b c;$(touch {canary});`touch {canary}`\n'\"x" + "y" * 300
+    handle = spawn_journaled(sandbox, run_id, "echo hello", secret=SECRET, stdin=b"in")
+    lines, reader = read_all(sandbox, handle.paths)
+    assert lines == [(b"hello", 6)]
+    assert reader.exit_code == 0
+    assert Path(handle.paths.journal).parent == Path(sandbox.ref.journal_dir)
+    assert latest_journal(sandbox, run_id) is None  # a truncated name is never claimed
+    short = "x/../;$(touch canary) '\"\n"
+    handle2 = spawn_journaled(sandbox, short, "cat", secret=SECRET, stdin=b"fed\n")
+    lines, _ = read_all(sandbox, handle2.paths)
+    assert lines == [(b"fed", 4)]
+    assert latest_journal(sandbox, short) == handle2.paths
+    names = sorted(p.name for p in Path(sandbox.ref.journal_dir).iterdir())
+    assert {parse_journal_name(n).run_id for n in names} >= {short}
+    cleanup_journal(sandbox, handle2.paths, nonce_for(sandbox.ref, short, SECRET))
+    assert all(
+        parse_journal_name(n).run_id != short
+        for n in (p.name for p in Path(sandbox.ref.journal_dir).iterdir())
+    )
+    assert not canary.exists()
+
+
+def test_agent_environment_is_minimal(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TURNKEEPER_SECRET", SECRET)
+    monkeypatch.setenv("TURNKEEPER_DATABASE_URL", "postgresql://leak")
+    handle = spawn_journaled(sandbox, RUN, "env | sort", secret=SECRET)
+    lines, _ = read_all(sandbox, handle.paths)
+    names = sorted(line.split(b"=", 1)[0].decode() for line, _ in lines)
+    assert names == ["HOME", "LANG", "PATH", "PWD", "TERM"]
+    assert all(SECRET.encode() not in line for line, _ in lines)
+    assert (b"HOME=" + sandbox.ref.workspace.encode(), 6 + len(sandbox.ref.workspace)) in lines
+
+
+def test_stall_on_a_run_that_never_existed(sandbox: Sandbox) -> None:
+    paths = JournalPaths(sandbox.ref.journal_dir, "never-existed", 1)
+    with pytest.raises(JournalStalledError) as caught:
+        read_all(sandbox, paths, first_byte_timeout=0.5)
+    assert caught.value.reason == "journal-stalled"
+    assert caught.value.run_id == "never-existed"
+    assert not Path(paths.journal).exists()  # the follow never creates the journal
+
+
+def test_agent_killed_without_sentinel_is_vanished(sandbox: Sandbox) -> None:
+    handle = spawn_journaled(sandbox, RUN, "echo one; sleep 60", secret=SECRET)
+    nonce = nonce_for(sandbox.ref, RUN, SECRET)
+    reader = JournalReader(sandbox, handle.paths, nonce=nonce, liveness_interval=0.2)
+    seen = []
+    lines = iter(reader)
+    seen.append(next(lines)[0])
+    assert probe_exit(sandbox, handle.paths, nonce).state == "producing"
+    _kill_recorded_groups(sandbox)  # the OOM killer takes writer and agent
+    with pytest.raises(AgentVanishedError) as caught:
+        next(lines)
+    assert seen == [b"one"]
+    assert caught.value.reason == "agent-vanished"
+    assert probe_exit(sandbox, handle.paths, nonce).state == "vanished"
+    assert journal_bytes(handle.paths) == b"one\n"
+
+
+def _kill_recorded_groups(sandbox: Sandbox) -> None:
+    procs = Path(sandbox.ref.root, "procs").read_text().split()
+    for pid in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(int(pid), signal.SIGKILL)
+
+
+def test_exit_probe_and_cleanup_only_after_the_sentinel(sandbox: Sandbox) -> None:
+    gate = Path(sandbox.ref.workspace) / "gate"
+    handle = spawn_journaled(
+        sandbox, RUN, "echo x; while [ ! -e gate ]; do sleep 0.02; done; exit 5", secret=SECRET
+    )
+    nonce = nonce_for(sandbox.ref, RUN, SECRET)
+    while Path(handle.paths.journal).stat().st_size == 0:
+        time.sleep(0.02)
+    assert probe_exit(sandbox, handle.paths, nonce).state == "producing"
+    with pytest.raises(Exception, match="without its exit sentinel"):
+        cleanup_journal(sandbox, handle.paths, nonce)
+    assert Path(handle.paths.journal).exists()
+    gate.touch()
+    _, reader = read_all(sandbox, handle.paths)
+    assert reader.exit_code == 5
+    probe = probe_exit(sandbox, handle.paths, nonce)
+    assert (probe.state, probe.exit_code) == ("finished", 5)
+    cleanup_journal(sandbox, handle.paths, nonce)
+    assert [p for p in handle.paths.all_files if Path(p).exists()] == []
+
+
+def test_journal_size_limit(provider: SandboxProvider) -> None:
+    ref = provider.create(RUN, SandboxSpec(journal_max_bytes=4096))
+    sandbox = provider.resume(ref)
+    assert sandbox is not None
+    try:
+        handle = spawn_journaled(
+            sandbox, RUN, "while :; do echo 0123456789abcdef; done", secret=SECRET
+        )
+        lines, reader = read_all(sandbox, handle.paths, max_bytes=4096)
+        assert reader.exit_code == 128 + signal.SIGXFSZ
+        data = journal_bytes(handle.paths)
+        assert data.endswith(b"\n" + sentinel(sandbox, 128 + signal.SIGXFSZ))
+        assert len(data) == 4096 + 1 + len(sentinel(sandbox, 128 + signal.SIGXFSZ))
+        assert [line for line, _ in lines] == [b"0123456789abcdef"] * 240 + [
+            b"0123456789abcdef"[:16]
+        ]
+    finally:
+        provider.destroy(ref)
+
+
+def test_destroy_kills_detached_agents_and_is_idempotent(provider: SandboxProvider) -> None:
+    ref = provider.create(RUN, SandboxSpec())
+    sandbox = provider.resume(ref)
+    assert sandbox is not None
+    handle = spawn_journaled(sandbox, RUN, "echo up; sleep 60", secret=SECRET)
+    while Path(handle.paths.journal).stat().st_size == 0:
+        time.sleep(0.02)
+    pids = [int(p) for p in Path(ref.root, "procs").read_text().split()]
+    provider.destroy(ref)
+    provider.destroy(ref)
+    assert provider.resume(ref) is None
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            for _ in range(500):  # hang guard: SIGKILL is delivered asynchronously
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    break
+                time.sleep(0.02)
+            assert proc.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            continue
+
+
+WORKER = Path(__file__).with_name("worker_process.py")
+
+
+def test_worker_sigkill_leaves_the_agent_running(
+    provider: SandboxProvider, request: pytest.FixtureRequest
+) -> None:
+    ref = provider.create(RUN, SandboxSpec())
+    sandbox = provider.resume(ref)
+    assert sandbox is not None
+    target = request.getfixturevalue("ssh_target") if ref.provider == "ssh" else None
+    control_dir = Path(tempfile.mkdtemp(prefix="tk-w-"))  # short: a socket path limit
+    config = {
+        "ref": ref.to_dict(),
+        "secret": SECRET,
+        "root": str(Path(ref.root).parent),
+        "ssh": None
+        if target is None
+        else {
+            "host": target.host, "port": target.port, "user": target.user, "root": target.root,
+            "identity_file": str(target.identity_file), "control_dir": str(control_dir),
+        },
+        "command": "echo started; while [ ! -e go ]; do sleep 0.02; done; echo finished",
+    }  # fmt: skip
+    if target is not None:  # the killed worker's ssh master connection is ended here
+        request.addfinalizer(SshProvider(replace(target, control_dir=control_dir)).close)
+    worker = subprocess.Popen(
+        [sys.executable, str(WORKER), json.dumps(config)],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        assert worker.stdout is not None
+        output = [worker.stdout.readline()]
+        while output[-1] not in (b"spawned\n", b""):  # structlog lines come first
+            output.append(worker.stdout.readline())
+        assert output[-1] == b"spawned\n", output
+        os.kill(worker.pid, signal.SIGKILL)
+        assert worker.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        if worker.stdout is not None:
+            worker.stdout.close()
+    (Path(ref.workspace) / "go").touch()
+    paths = JournalPaths(ref.journal_dir, RUN, 1)
+    lines, reader = read_all(sandbox, paths)
+    assert lines == [(b"started", 8), (b"finished", 17)]
+    assert reader.exit_code == 0
+    assert journal_bytes(paths) == b"started\nfinished\n" + sentinel(sandbox, 0)
+    provider.destroy(ref)

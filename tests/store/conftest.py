@@ -1,0 +1,55 @@
+"""Fixtures for the store tests: a Store on this test's own cloned database."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from turnkeeper.store import Claim, Run, Store
+
+LONG_LEASE = 3600.0
+# A lease this short has expired on the database clock by the time the next
+# statement runs (we sleep past it); used to make takeovers possible.
+BLINK_LEASE = 0.001
+
+
+@pytest.fixture
+def store(database_url: str) -> Iterator[Store]:
+    with Store(database_url, pool_size=4) as opened:
+        yield opened
+
+
+def admit(
+    store: Store,
+    run_id: str,
+    session_id: str = "s1",
+    payload: Any = None,
+    *,
+    max_attempts: int = 5,
+    deadline: float | None = None,
+) -> Run:
+    run, created = store.admit_run(
+        run_id,
+        session_id,
+        {"prompt": run_id} if payload is None else payload,
+        max_attempts=max_attempts,
+        deadline=deadline,
+    )
+    assert created
+    return run
+
+
+def claimed(store: Store, run_id: str, session_id: str = "s1", **kwargs: Any) -> Claim:
+    admit(store, run_id, session_id, **kwargs)
+    claim = store.claim_run(run_id, "worker-a", LONG_LEASE)
+    assert claim is not None
+    return claim
+
+
+def expire_lease(store: Store, claim: Claim) -> None:
+    """Shrink the lease to a blink through the public API, then wait it out."""
+    assert store.renew_lease(claim, BLINK_LEASE)
+    time.sleep(0.02)
