@@ -44,30 +44,10 @@ TABLE = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("phase", "consumed", "alive", "journal", "segments", "can_continue", "cancel", "action"),
-    TABLE,
-)
-def test_classify(
-    phase: TurnPhase | None,
-    consumed: bool,
-    alive: bool,
-    journal: bool,
-    segments: bool,
-    can_continue: bool,
-    cancel: bool,
-    action: Recovery,
-) -> None:
-    facts = RecoveryFacts(
-        phase=phase,
-        stream_consumed=consumed,
-        sandbox_alive=alive,
-        journal_present=journal,
-        has_segments=segments,
-        can_continue=can_continue,
-        cancel_requested=cancel,
-    )
-    assert classify(facts) is action
+@pytest.mark.parametrize("row", TABLE)
+def test_classify(row: tuple[object, ...]) -> None:
+    *facts, action = row
+    assert classify(RecoveryFacts(*facts)) is action  # type: ignore[arg-type]
 
 
 def test_never_reruns_output_that_survives() -> None:
