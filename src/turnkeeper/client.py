@@ -22,6 +22,8 @@ from uuid6 import uuid7
 from turnkeeper.agents.spec import AgentSpec
 from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
+from turnkeeper.driver import lifecycle
+from turnkeeper.driver.output import end_log
 from turnkeeper.errors import InvalidInputError, RunNotFoundError
 from turnkeeper.log import RunLog
 from turnkeeper.store.records import Run, RunStatus, TranscriptEntry
@@ -123,9 +125,15 @@ class Client:
 
     def cancel(self, run_id: str) -> Run:
         """Abort a queued run at once; a running one stops within one heartbeat."""
-        self.require(run_id)
+        before = self.require(run_id)
         run = self.store.request_cancel(run_id)
-        return run if run is not None else self.require(run_id)
+        if run is None:
+            return self.require(run_id)
+        if before.status is RunStatus.QUEUED and run.status is RunStatus.ABORTED:
+            # Nobody owns it to end its log: do it here, fenced above any epoch it had.
+            self.log.fence(run_id, run.epoch + 1)
+            end_log(self.log, run_id, run.epoch + 1, lifecycle.cancelled())
+        return run
 
     def list_runs(
         self, *, status: str | None = None, session_id: str | None = None, limit: int = 50

@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 
 from turnkeeper.driver import lifecycle
+from turnkeeper.driver.output import end_log
 from turnkeeper.errors import LogClosedError, LogFencedError, TurnkeeperError
 from turnkeeper.sandbox import SandboxRef
 from turnkeeper.store.records import Run
@@ -49,7 +50,7 @@ def reconcile(
     settings = rt.settings
     failed = rt.store.expire_exhausted(BATCH)
     for run in failed:
-        end_log(rt, run)
+        end_run_log(rt, run)
     claims = rt.store.reclaim_expired(rt.owner, settings.lease_ttl, BATCH)
     for claim in claims:
         enqueue_takeover(claim.run_id, claim.attempt_id, claim.epoch)
@@ -65,7 +66,7 @@ def reconcile(
     return report
 
 
-def end_log(rt: WorkerRuntime, run: Run) -> None:
+def end_run_log(rt: WorkerRuntime, run: Run) -> None:
     """Close the log of a run settled without its owner, with the reason as its last chunk.
 
     The fence at ``epoch + 1`` refuses anything its last owner might still append.
@@ -76,10 +77,7 @@ def end_log(rt: WorkerRuntime, run: Run) -> None:
     message = str(error.get("message", f"the run ended: {reason}"))
     try:
         rt.log.fence(run.run_id, epoch)
-        state = rt.log.state(run.run_id)
-        if not state.closed:
-            rt.log.append(run.run_id, epoch, state.next_seq, [lifecycle.run_error(message, reason)])
-            rt.log.close(run.run_id, epoch)
+        end_log(rt.log, run.run_id, epoch, lifecycle.run_error(message, reason))
     except (LogClosedError, LogFencedError):
         pass  # someone closed it meanwhile; the first end wins
     log.info("run.log_ended", run_id=run.run_id, reason=reason)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import structlog
 
+from turnkeeper.driver import lifecycle
 from turnkeeper.driver.attempt import Attempt
-from turnkeeper.errors import OwnershipLostError
+from turnkeeper.driver.output import end_log
+from turnkeeper.errors import OwnershipLostError, ServiceError, TurnkeeperError
 from turnkeeper.store.records import Claim, RunStatus
 from turnkeeper.workers.lease import LeaseKeeper
 from turnkeeper.workers.runtime import WorkerRuntime
@@ -54,8 +56,31 @@ def _own(runtime: WorkerRuntime, claim: Claim, *, fresh: bool) -> None:
     except OwnershipLostError as exc:
         # Expected when a successor took over: stop writing, leave the sandbox to it.
         bound.info("attempt.stopped", reason=exc.reason)
+    except ServiceError:
+        raise  # retries ran out: the lease will expire and a successor takes over
+    except TurnkeeperError as exc:
+        if keeper.lost.is_set() or not runtime.store.renew_lease(claim, settings.lease_ttl):
+            bound.info("attempt.stopped", reason="lease-lost", error=str(exc))
+            return
+        _fail(runtime, claim, exc)
     finally:
         keeper.stop()
+
+
+def _fail(runtime: WorkerRuntime, claim: Claim, exc: TurnkeeperError) -> None:
+    """A failure that a successor could not fix (a diverged replay, a bad agent spec):
+    end the log with the reason and settle the run failed."""
+    reason = exc.reason or type(exc).__name__
+    log.error(
+        "run.failed",
+        run_id=claim.run_id,
+        attempt_id=claim.attempt_id,
+        epoch=claim.epoch,
+        reason=reason,
+        error=str(exc),
+    )
+    end_log(runtime.log, claim.run_id, claim.epoch, lifecycle.run_error(exc.message, reason))
+    runtime.store.settle_run(claim, RunStatus.FAILED, {"reason": reason, "message": exc.message})
 
 
 __all__ = ["run_turn", "take_over"]

@@ -21,15 +21,17 @@ from turnkeeper.agents.translator import translator_for
 from turnkeeper.chunks import Chunk
 from turnkeeper.driver import lifecycle
 from turnkeeper.driver.feed import JournalFeed
-from turnkeeper.driver.output import RunOutput
+from turnkeeper.driver.output import RunOutput, end_log
 from turnkeeper.driver.record import TurnRecorder
 from turnkeeper.driver.recovery import Recovery, RecoveryFacts, classify
 from turnkeeper.driver.resilience import resilient
 from turnkeeper.errors import (
     AgentVanishedError,
+    JournalError,
     JournalExistsError,
     JournalStalledError,
     OwnershipLostError,
+    SandboxError,
     TurnkeeperError,
 )
 from turnkeeper.sandbox import (
@@ -47,6 +49,7 @@ from turnkeeper.sandbox import (
 from turnkeeper.sandbox.journal import parse_sentinel
 from turnkeeper.sandbox.lines import LineSplitter
 from turnkeeper.store.records import Claim, Run, RunStatus
+from turnkeeper.workers.failpoints import failpoint
 from turnkeeper.workers.lease import LeaseKeeper
 from turnkeeper.workers.runtime import WorkerRuntime
 
@@ -54,9 +57,11 @@ log = structlog.get_logger(__name__)
 
 _WAKE = 0.25
 Line = tuple[bytes, int]
+_SANDBOX_LOST = "the sandbox was lost mid-run and this agent cannot continue"
 _JOURNAL_FAILURES = {
     "agent-vanished": "the agent process ended without an exit sentinel",
     "journal-stalled": "the agent wrote nothing to its journal in time",
+    "sandbox-lost": _SANDBOX_LOST,
 }
 
 
@@ -203,9 +208,7 @@ class Attempt:
     def _fail_lost(self) -> None:
         self._replay_previous(self.placement.journals)
         self._close_with(
-            lifecycle.run_error(
-                "the sandbox was lost mid-run and this agent cannot continue", "sandbox-lost"
-            ),
+            lifecycle.run_error(_SANDBOX_LOST, "sandbox-lost"),
             RunStatus.FAILED,
             {"reason": "sandbox-lost"},
         )
@@ -214,20 +217,19 @@ class Attempt:
         """Cancelled: stop the agent, end the log with one final chunk, settle aborted."""
         if self.placement.sandbox is not None:
             self.provider.destroy(self.placement.sandbox)
-        final = lifecycle.run_error("the run was cancelled", "cancelled")
-        run_log, run_id, epoch = self.run_log, self.claim.run_id, self.claim.epoch
-        state = run_log.state(run_id)
-        if not state.closed:
-            tail = run_log.snapshot(run_id, after_seq=max(0, state.next_seq - 2))
-            if not tail or tail[-1][1] != final:
-                self.output.check_ownership()
-                run_log.append(run_id, epoch, state.next_seq, [final])
-            run_log.close(run_id, epoch)
+        self.output.check_ownership()
+        end_log(
+            self.run_log,
+            self.claim.run_id,
+            self.claim.epoch,
+            lifecycle.cancelled(),
+        )
         self._settle(RunStatus.ABORTED, {"reason": "cancelled"})
 
     # --- journals ---------------------------------------------------------------------
 
     def _spawn(self, sandbox: Sandbox, handle: JournalHandle, argv: list[str]) -> None:
+        failpoint(self.settings, "before-spawn", self.claim.run_id)
         try:
             spawn_journaled(
                 sandbox,
@@ -275,11 +277,17 @@ class Attempt:
             feed.stop()
 
     def _journal_failed(self, error: BaseException) -> None:
-        """The agent died without a sentinel (or never wrote): continue, or fail the run."""
-        if not isinstance(error, AgentVanishedError | JournalStalledError):
+        """The agent died without a sentinel, never wrote, or its sandbox is gone:
+        continue in a new process when the agent can, else fail the run."""
+        if isinstance(error, JournalStalledError):
+            reason = "journal-stalled"
+        elif isinstance(error, AgentVanishedError):
+            reason = "agent-vanished"
+        elif isinstance(error, SandboxError | JournalError) and self._resume() is None:
+            reason = "sandbox-lost"
+        else:
             raise error
-        reason = "journal-stalled" if isinstance(error, JournalStalledError) else "agent-vanished"
-        self._log.warning("journal.lost", reason=reason)
+        self._log.warning("journal.lost", reason=reason, error=str(error))
         self._interrupt(len(self.placement.journals) - 1)
         if self.spec.can_continue:
             self._spawn_continuation()
@@ -292,6 +300,7 @@ class Attempt:
 
     def _finish(self, handle: JournalHandle, exit_code: int, sandbox: Sandbox | None) -> None:
         """At the sentinel: all bytes stored, the last turn committed, log closed, settled."""
+        failpoint(self.settings, "after-sentinel", self.claim.run_id)
         sentinel = exit_sentinel_line(
             self.claim.run_id, exit_code, secret=self.rt.secret, sandbox_id=handle.ref.id
         )

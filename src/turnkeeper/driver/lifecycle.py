@@ -26,6 +26,10 @@ def run_error(message: str, code: str) -> Chunk:
     return {"type": "RUN_ERROR", "message": message, "code": code}
 
 
+def cancelled() -> Chunk:
+    return run_error("the run was cancelled", "cancelled")
+
+
 def interrupted(journal_index: int) -> Chunk:
     """Marks where an agent process's output ends: its sandbox or its process was lost."""
     return {"type": "CUSTOM", "name": INTERRUPTED, "value": {"journal": journal_index}}

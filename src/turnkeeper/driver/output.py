@@ -30,6 +30,22 @@ from turnkeeper.store.store import Store
 log = structlog.get_logger(__name__)
 
 
+def end_log(run_log: RunLog, run_id: str, epoch: int, final: Chunk) -> None:
+    """Close a log that may be half-written with ``final`` as its last chunk, at ``epoch``.
+
+    For endings outside the replayed output (cancel, a settled-without-owner run, an
+    error): the chunk goes at the log's next seq, unless it is already the last one
+    (a retry after a crash) or the log is closed (the first ending wins).
+    """
+    state = run_log.state(run_id)
+    if state.closed:
+        return
+    tail = run_log.snapshot(run_id, after_seq=max(0, state.next_seq - 2))
+    if not tail or tail[-1][1] != final:
+        run_log.append(run_id, epoch, state.next_seq, [final])
+    run_log.close(run_id, epoch)
+
+
 class RunOutput:
     def __init__(
         self,

@@ -1,0 +1,179 @@
+"""A real fleet for tests: Celery worker and beat processes on the test's own servers.
+
+Workers and beat run as `python -m turnkeeper worker|beat` in sessions of their
+own (so a test can SIGKILL or SIGSTOP a whole worker, pool children included,
+while the agents it started live on), on the test's database, Redis namespace
+(queues and broker keys included) and data directory.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from turnkeeper.agents.spec import AgentSpec
+from turnkeeper.agents.translator import translator_for
+from turnkeeper.chunks import Chunk
+from turnkeeper.client import Client
+from turnkeeper.config import Settings
+from turnkeeper.driver import lifecycle
+from turnkeeper.errors import ServiceError
+from turnkeeper.store.records import Run
+
+FAST: dict[str, Any] = {
+    "lease_ttl": 2.0,
+    "heartbeat_interval": 0.5,
+    "reconcile_interval": 0.5,
+    "requeue_after": 3.0,
+}
+CELERY_QUIET = ["--without-mingle", "--without-gossip", "--without-heartbeat"]
+
+
+@dataclass
+class Fleet:
+    settings: Settings
+    env: dict[str, str]
+    logs: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _client: Client | None = None
+
+    @classmethod
+    def create(cls, settings: Settings, logs: Path, **overrides: Any) -> Fleet:
+        fleet_settings = settings.model_copy(update={**FAST, **overrides})
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TURNKEEPER_")}
+        for name, value in {**FAST, **overrides}.items():
+            env[f"TURNKEEPER_{name.upper()}"] = str(value)
+        env.update(
+            TURNKEEPER_DATABASE_URL=settings.require_database_url(),
+            TURNKEEPER_REDIS_URL=settings.require_redis_url(),
+            TURNKEEPER_NAMESPACE=settings.namespace,
+            TURNKEEPER_DATA_DIR=str(settings.data_dir),
+            TURNKEEPER_LOG_FORMAT="json",
+        )
+        logs.mkdir(parents=True, exist_ok=True)
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        return cls(settings=fleet_settings, env=env, logs=logs)
+
+    # --- processes ---------------------------------------------------------------------
+
+    def _start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        with (self.logs / f"{name}-{len(self.procs)}.log").open("ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "turnkeeper", *args],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.procs.append(proc)
+        return proc
+
+    def start_worker(self, concurrency: int = 1) -> subprocess.Popen[bytes]:
+        return self._start("worker", "worker", "-c", str(concurrency), *CELERY_QUIET)
+
+    def start_beat(self) -> subprocess.Popen[bytes]:
+        return self._start("beat", "beat", *CELERY_QUIET)
+
+    def signal_worker_of(self, run: Run, signum: int) -> int:
+        """Signal the whole worker (its process group) that owns ``run``; returns the pgid."""
+        assert run.owner is not None
+        pid = int(run.owner.rsplit(":", 1)[1])
+        pgid = os.getpgid(pid)
+        os.killpg(pgid, signum)
+        return pgid
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGCONT)
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs:
+            proc.wait(timeout=30)
+        if self._client is not None:
+            self._client.close()
+        _kill_agents(self.settings.sandboxes_dir)
+
+    def dump_logs(self) -> str:
+        return "\n".join(
+            f"===== {path.name}\n{path.read_text(errors='replace')[-6000:]}"
+            for path in sorted(self.logs.glob("*.log"))
+        )
+
+    # --- runs --------------------------------------------------------------------------
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = Client.from_settings(self.settings)
+        return self._client
+
+    def wait(self, run_id: str, predicate: Any, timeout: float = 60.0, what: str = "") -> Run:
+        """Poll the run until ``predicate(run)``; a hang guard, not a timing assertion."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                run = self.client.require(run_id)
+            except ServiceError:  # a test that drops connections drops ours too
+                time.sleep(0.05)
+                continue
+            if predicate(run):
+                return run
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"run {run_id} never got {what or predicate}: {run}\n{self.dump_logs()}"
+                )
+            time.sleep(0.05)
+
+    def wait_settled(self, run_id: str, timeout: float = 90.0) -> Run:
+        return self.wait(run_id, lambda r: r.status.is_terminal, timeout, "settled")
+
+    def log_of(self, run_id: str) -> list[tuple[int, Chunk]]:
+        return self.client.log.snapshot(run_id)
+
+
+def _kill_agents(root: Path) -> None:
+    """Agents live in sessions of their own: end any left under the test's sandboxes."""
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if Path(proc.cwd()).is_relative_to(root):
+                proc.kill()
+        except (psutil.Error, OSError, ValueError):
+            continue
+
+
+def expected_log(
+    run_id: str, session_id: str, agent: dict[str, Any], prompt: str, workdir: Path
+) -> list[Chunk]:
+    """The oracle: the log of a crash-free run, from the agent run directly and translated.
+
+    Independent of workers, journals and the store: run the agent's command in an
+    empty directory, translate its stdout, wrap it in the run's first and last chunk.
+    """
+    spec = AgentSpec.from_payload(agent)
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = subprocess.run(
+        spec.argv(prompt),
+        cwd=workdir,
+        capture_output=True,
+        check=True,
+        timeout=120,
+        env={"PATH": os.environ["PATH"], "HOME": str(workdir)},
+    ).stdout
+    translator = translator_for(spec.format, run_id)
+    chunks: list[Chunk] = [lifecycle.run_started(run_id, session_id)]
+    for line in out.splitlines(keepends=True):
+        chunks.extend(translator.feed(line))
+    chunks.extend(translator.finish())
+    chunks.append(lifecycle.run_finished(run_id, session_id))
+    return chunks

@@ -1,0 +1,132 @@
+"""The reconciler against real Postgres and Redis: races, budgets, lost enqueues, cancel."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.driver.fleet import Fleet
+from tests.driver.test_takeover import AGENT, PROMPT
+from turnkeeper import reconciler
+from turnkeeper.config import Settings
+from turnkeeper.store.records import RunStatus
+from turnkeeper.workers.runtime import WorkerRuntime
+
+
+@pytest.fixture
+def runtime(settings: Settings) -> Iterator[WorkerRuntime]:
+    rt = WorkerRuntime.open(settings.model_copy(update={"lease_ttl": 5.0, "requeue_after": 0.2}))
+    yield rt
+    rt.close()
+
+
+def _expired_run(rt: WorkerRuntime, run_id: str, *, max_attempts: int = 5) -> None:
+    rt.store.admit_run(
+        run_id, run_id, {"agent": AGENT, "prompt": PROMPT}, max_attempts=max_attempts, deadline=None
+    )
+    claim = rt.store.claim_run(run_id, "owner-that-died", 0.05)
+    assert claim is not None
+    rt.log.fence(run_id, claim.epoch)
+    rt.log.append(
+        run_id, claim.epoch, 1, [{"type": "RUN_STARTED", "threadId": run_id, "runId": run_id}]
+    )
+    time.sleep(0.1)
+
+
+def test_ten_reconcilers_racing_hand_a_run_over_once(runtime: WorkerRuntime) -> None:
+    _expired_run(runtime, "race-1")
+    takeovers: list[tuple[str, str, int]] = []
+    barrier = threading.Barrier(10)
+
+    def one() -> None:
+        barrier.wait()
+        reconciler.reconcile(
+            runtime,
+            enqueue_takeover=lambda *args: takeovers.append(args),
+            enqueue_run=lambda run_id: None,
+        )
+
+    threads = [threading.Thread(target=one) for _ in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    run = runtime.store.get_run("race-1")
+    assert run is not None
+    assert takeovers == [("race-1", run.attempt_id, 2)]
+    assert (run.epoch, run.attempt_count, run.status) == (2, 2, RunStatus.RUNNING)
+
+
+def test_a_run_out_of_attempts_fails_with_an_error_chunk(runtime: WorkerRuntime) -> None:
+    _expired_run(runtime, "spent-1", max_attempts=1)
+    report = reconciler.reconcile(
+        runtime, enqueue_takeover=lambda *a: pytest.fail("no takeover"), enqueue_run=print
+    )
+    assert report.failed == 1
+    run = runtime.store.get_run("spent-1")
+    assert run is not None
+    assert run.status is RunStatus.FAILED
+    chunks = [chunk for _, chunk in runtime.log.snapshot("spent-1")]
+    assert chunks[0]["type"] == "RUN_STARTED"
+    assert chunks[1:] == [
+        {"type": "RUN_ERROR", "message": run.error["message"], "code": run.error["reason"]}
+    ]
+    state = runtime.log.state("spent-1")
+    assert state.closed
+    assert state.epoch == 2, "the dead owner's epoch is fenced off"
+    # A second sweep changes nothing.
+    reconciler.reconcile(runtime, enqueue_takeover=lambda *a: None, enqueue_run=print)
+    assert len(runtime.log.snapshot("spent-1")) == 2
+
+
+def test_a_lost_enqueue_is_sent_again(runtime: WorkerRuntime) -> None:
+    runtime.store.admit_run(
+        "lost-1", "lost-1", {"agent": AGENT, "prompt": PROMPT}, max_attempts=3, deadline=None
+    )
+    time.sleep(0.3)
+    sent: list[str] = []
+    reconciler.reconcile(runtime, enqueue_takeover=lambda *a: None, enqueue_run=sent.append)
+    reconciler.reconcile(runtime, enqueue_takeover=lambda *a: None, enqueue_run=sent.append)
+    assert sent == ["lost-1"], "sent once, then marked dispatched"
+
+
+def test_cancel_stops_a_running_agent_within_a_heartbeat(fleet: Fleet, tmp_path: Path) -> None:
+    fleet.start_worker()
+    fleet.start_beat()
+    slow = {**AGENT, "turns": 6, "pace": 0.2}
+    run = fleet.client.submit(slow, PROMPT)
+    while len(fleet.log_of(run.run_id)) < 5:
+        time.sleep(0.02)
+    fleet.client.cancel(run.run_id)
+    done = fleet.wait_settled(run.run_id)
+    assert done.status is RunStatus.ABORTED
+    chunks = [chunk for _, chunk in fleet.log_of(run.run_id)]
+    assert chunks[-1] == {
+        "type": "RUN_ERROR",
+        "message": "the run was cancelled",
+        "code": "cancelled",
+    }
+    assert fleet.client.log.state(run.run_id).closed
+    root = Path(done.sandbox_ref["sandbox"]["root"])  # type: ignore[index]
+    assert not root.exists(), "the sandbox (and its agent) is gone"
+
+
+def test_cancel_of_a_queued_run_is_immediate(runtime: WorkerRuntime) -> None:
+    runtime.store.admit_run(
+        "queued-1", "queued-1", {"agent": AGENT, "prompt": PROMPT}, max_attempts=3, deadline=None
+    )
+    run = runtime.store.request_cancel("queued-1")
+    assert run is not None
+    assert run.status is RunStatus.ABORTED
+
+
+def test_cancel_of_a_queued_run_ends_its_log(fleet: Fleet) -> None:
+    run = fleet.client.submit(AGENT, PROMPT)  # no worker: it stays queued
+    fleet.client.cancel(run.run_id)
+    assert list(fleet.client.events(run.run_id)) == [
+        (1, {"type": "RUN_ERROR", "message": "the run was cancelled", "code": "cancelled"})
+    ]

@@ -1,0 +1,124 @@
+"""The sandbox lost mid-run (its agent killed, its directory removed).
+
+An agent that can continue goes on in a new process after an interruption mark
+(with outcome-unknown answers for its unanswered tool calls); one that cannot
+fails with that reason. Either way the log stays consistent: contiguous, every
+chunk once, the output before the loss exactly as a crash-free run had it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.driver.fleet import Fleet, expected_log
+from tests.driver.test_takeover import AGENT, PROMPT
+from turnkeeper.chunks import Chunk
+from turnkeeper.driver.lifecycle import INTERRUPTED, OUTCOME_UNKNOWN
+from turnkeeper.store.records import Run, RunStatus
+
+TEXT_AGENT: dict[str, Any] = {
+    "command": [
+        "sh",
+        "-c",
+        "for i in 1 2 3 4 5 6 7 8 9 10 11 12; do echo line $i; sleep 0.2; done",
+    ],
+    "format": "text",
+}
+
+
+def _destroy_sandbox(run: Run) -> None:
+    root = Path(run.sandbox_ref["sandbox"]["root"])  # type: ignore[index]
+    for proc in psutil.process_iter():
+        try:
+            if Path(proc.cwd()).is_relative_to(root):
+                proc.send_signal(signal.SIGKILL)
+        except (psutil.Error, OSError):
+            continue
+    shutil.rmtree(root)
+
+
+def _wait_for_chunks(fleet: Fleet, run_id: str, count: int) -> Run:
+    while len(fleet.log_of(run_id)) < count:
+        time.sleep(0.02)
+    return fleet.client.require(run_id)
+
+
+def _assert_consistent(log: list[tuple[int, Chunk]], oracle: list[Chunk]) -> list[Chunk]:
+    """Contiguous seqs, one interruption, the part before it exactly the oracle's."""
+    assert [seq for seq, _ in log] == list(range(1, len(log) + 1))
+    chunks = [chunk for _, chunk in log]
+    marks = [i for i, c in enumerate(chunks) if c.get("name") == INTERRUPTED]
+    assert len(marks) == 1, marks
+    same = 0
+    while chunks[same] == oracle[same]:
+        same += 1
+    assert same >= 8, "what clients saw before the loss is the crash-free output"
+    closing = chunks[same : marks[0]]
+    assert all(c["type"] in {"TEXT_MESSAGE_END", "TOOL_CALL_END"} for c in closing), closing
+    starts = [c["messageId"] for c in chunks if c["type"] == "TEXT_MESSAGE_START"]
+    assert len(starts) == len(set(starts)), "no message twice"
+    return chunks
+
+
+def _assert_every_call_answered_once(chunks: list[Chunk]) -> None:
+    calls = Counter(c["toolCallId"] for c in chunks if c["type"] == "TOOL_CALL_END")
+    results = Counter(c["toolCallId"] for c in chunks if c["type"] == "TOOL_CALL_RESULT")
+    assert calls == results
+    assert set(calls.values()) == {1}
+
+
+@pytest.mark.parametrize("worker_dies_too", [False, True], ids=["owner-alive", "owner-killed"])
+def test_a_continuable_agent_goes_on_after_its_sandbox_is_lost(
+    fleet: Fleet, tmp_path: Path, worker_dies_too: bool
+) -> None:
+    fleet.start_worker()
+    fleet.start_worker()
+    fleet.start_beat()
+    run = fleet.client.submit(AGENT, PROMPT)
+    owned = _wait_for_chunks(fleet, run.run_id, 10)
+    if worker_dies_too:
+        fleet.signal_worker_of(owned, signal.SIGKILL)
+    _destroy_sandbox(owned)
+    done = fleet.wait_settled(run.run_id)
+    assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
+    assert done.epoch == (2 if worker_dies_too else 1)
+
+    oracle = expected_log(run.run_id, run.session_id, AGENT, PROMPT, tmp_path / "oracle")
+    chunks = _assert_consistent(fleet.log_of(run.run_id), oracle)
+    _assert_every_call_answered_once(chunks)
+    assert chunks[-1] == oracle[-1], "it finished like a crash-free run"
+    lost = [
+        c for c in chunks if c["type"] == "TOOL_CALL_RESULT" and c["content"] == OUTCOME_UNKNOWN
+    ]
+    assert len(lost) <= 1
+    assert len(done.sandbox_ref["journals"]) == 2 if done.sandbox_ref else True  # type: ignore[index]
+
+
+def test_an_agent_that_cannot_continue_fails_with_the_reason(fleet: Fleet, tmp_path: Path) -> None:
+    fleet.start_worker()
+    fleet.start_worker()
+    fleet.start_beat()
+    run = fleet.client.submit(TEXT_AGENT, "")
+    owned = _wait_for_chunks(fleet, run.run_id, 5)
+    fleet.signal_worker_of(owned, signal.SIGKILL)
+    _destroy_sandbox(owned)
+    done = fleet.wait_settled(run.run_id)
+    assert done.status is RunStatus.FAILED
+    assert done.error["reason"] == "sandbox-lost"  # type: ignore[index]
+    chunks = [chunk for _, chunk in fleet.log_of(run.run_id)]
+    assert chunks[-1] == {
+        "type": "RUN_ERROR",
+        "message": "the sandbox was lost mid-run and this agent cannot continue",
+        "code": "sandbox-lost",
+    }
+    assert [c.get("name") for c in chunks].count(INTERRUPTED) == 1
+    texts = [c["delta"] for c in chunks if c["type"] == "TEXT_MESSAGE_CONTENT"]
+    assert texts == [f"line {i}\n" for i in range(1, len(texts) + 1)], "a prefix, each line once"

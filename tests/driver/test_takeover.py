@@ -1,0 +1,116 @@
+"""Runs survive worker death: real workers, SIGKILLed at each phase boundary.
+
+Every test compares the whole log, element by element, with the oracle: the
+same agent run directly and translated, wrapped in the run's first and last chunk.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.driver.fleet import Fleet, expected_log
+from turnkeeper.store.records import Run, RunStatus, TurnPhase
+from turnkeeper.workers.failpoints import marker
+
+AGENT: dict[str, Any] = {"preset": "scripted", "turns": 3, "pace": 0.05, "seed": 11}
+PROMPT = "survive the crash"
+
+
+def _oracle(run: Run, tmp_path: Path) -> list[dict[str, Any]]:
+    return expected_log(run.run_id, run.session_id, AGENT, PROMPT, tmp_path / "oracle")
+
+
+def _assert_log_is_oracle(fleet: Fleet, run: Run, tmp_path: Path) -> None:
+    stored = fleet.log_of(run.run_id)
+    assert [seq for seq, _ in stored] == list(range(1, len(stored) + 1))
+    assert [chunk for _, chunk in stored] == _oracle(run, tmp_path)
+
+
+def _attempts(database_url: str, run_id: str) -> list[tuple[int, str | None]]:
+    with psycopg.connect(database_url) as conn:
+        return [
+            (row[0], row[1])
+            for row in conn.execute(
+                "SELECT epoch, outcome FROM attempts WHERE run_id = %s ORDER BY epoch", (run_id,)
+            )
+        ]
+
+
+def _assert_transcript_once(fleet: Fleet, run: Run) -> None:
+    """Input, then each tool turn (assistant, tools), then the closing answer: once each."""
+    ids = [entry.entry_id for entry in fleet.client.transcript(run.session_id)]
+    expected = [f"{run.run_id}/input"]
+    for turn in range(AGENT["turns"]):
+        expected += [f"{run.run_id}/turn-{turn}/assistant", f"{run.run_id}/turn-{turn}/tools"]
+    expected.append(f"{run.run_id}/turn-{AGENT['turns']}/assistant")
+    assert ids == expected
+
+
+def test_a_run_without_crash_matches_the_oracle(fleet: Fleet, tmp_path: Path) -> None:
+    fleet.start_worker()
+    run = fleet.client.submit(AGENT, PROMPT)
+    done = fleet.wait_settled(run.run_id)
+    assert done.status is RunStatus.COMPLETED, fleet.dump_logs()
+    assert (done.epoch, done.attempt_count) == (1, 1)
+    _assert_log_is_oracle(fleet, done, tmp_path)
+    _assert_transcript_once(fleet, done)
+
+
+def _kill_and_finish(fleet: Fleet, run: Run, database_url: str, tmp_path: Path) -> None:
+    fleet.signal_worker_of(run, signal.SIGKILL)
+    done = fleet.wait_settled(run.run_id)
+    assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
+    assert done.epoch == 2
+    assert done.attempt_count == 2
+    assert _attempts(database_url, run.run_id) == [(1, "superseded"), (2, "completed")]
+    _assert_log_is_oracle(fleet, done, tmp_path)
+    _assert_transcript_once(fleet, done)
+
+
+@pytest.mark.parametrize("point", ["before-spawn", "after-sentinel"])
+def test_sigkill_at_a_failpoint(
+    settings: Any, database_url: str, tmp_path: Path, point: str
+) -> None:
+    fleet = Fleet.create(settings, tmp_path / "logs", failpoints=point)
+    try:
+        fleet.start_worker()
+        fleet.start_worker()
+        fleet.start_beat()
+        run = fleet.client.submit(AGENT, PROMPT)
+        reached = marker(fleet.settings, point)
+        while not reached.exists():
+            time.sleep(0.05)
+        owned = fleet.wait(run.run_id, lambda r: r.owner is not None, what="an owner")
+        _kill_and_finish(fleet, owned, database_url, tmp_path)
+    finally:
+        fleet.stop()
+
+
+def test_sigkill_mid_stream(fleet: Fleet, database_url: str, tmp_path: Path) -> None:
+    fleet.start_worker()
+    fleet.start_worker()
+    fleet.start_beat()
+    run = fleet.client.submit(AGENT, PROMPT)
+    while len(fleet.log_of(run.run_id)) < 8:
+        time.sleep(0.02)
+    _kill_and_finish(fleet, fleet.client.require(run.run_id), database_url, tmp_path)
+
+
+def test_sigkill_during_a_tool_call(fleet: Fleet, database_url: str, tmp_path: Path) -> None:
+    fleet.start_worker()
+    fleet.start_worker()
+    fleet.start_beat()
+    run = fleet.client.submit(AGENT, PROMPT)
+    store = fleet.client.store
+    while True:
+        journal = store.get_turn_journal(run.run_id)
+        if journal is not None and journal.phase is TurnPhase.TOOL_REQUEST_RECORDED:
+            break
+        time.sleep(0.01)
+    _kill_and_finish(fleet, fleet.client.require(run.run_id), database_url, tmp_path)

@@ -1,0 +1,121 @@
+"""The real CLIs started the way a worker starts them: preset argv, journaled in a sandbox.
+
+Each CLI runs detached in a local sandbox with only the sandbox's minimal environment
+plus what its spec names (HOME is the workspace), its stdout goes to the run journal,
+and the journal read back through :class:`JournalReader` must translate to exactly the
+chunks a direct run gives.
+"""
+
+# ruff: noqa: S105 - the sentinel secret here is a test value, not a credential
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.integration.agent_runs import (
+    CODEX_FLAGS,
+    PROMPT,
+    RUN_TIMEOUT,
+    claude_chunks,
+    claude_env,
+    codex_chunks,
+    codex_env,
+    json_lines,
+    only,
+    translate,
+)
+from tests.integration.model_server import ModelServer
+from tests.integration.npm_cache import AgentClis
+from turnkeeper.agents.spec import AgentSpec
+from turnkeeper.sandbox import JournalReader, SandboxSpec, StopSignal, nonce_for, spawn_journaled
+from turnkeeper.sandbox.local import LocalProvider
+
+pytestmark = pytest.mark.slow
+
+SECRET = "integration-secret"
+
+
+def run_journaled(
+    tmp_path: Path,
+    run_id: str,
+    spec: AgentSpec,
+    env_for: Callable[[Path], dict[str, str]],
+) -> tuple[list[bytes], int | None]:
+    """Spawn the spec's command journaled in a fresh local sandbox; its lines and exit code."""
+    provider = LocalProvider(tmp_path / "sandboxes")
+    created = provider.create(run_id, SandboxSpec())
+    # HOME stays the sandbox's own (its workspace), where the env builder writes configs.
+    env = {k: v for k, v in env_for(Path(created.workspace)).items() if k != "HOME"}
+    ref = replace(created, spec=SandboxSpec(env={**env, **spec.env}))
+    sandbox = provider.resume(ref)
+    assert sandbox is not None
+    stop = StopSignal()
+    guard = threading.Timer(RUN_TIMEOUT, stop.set)  # a hang guard, not an expectation
+    guard.start()
+    try:
+        handle = spawn_journaled(sandbox, run_id, spec.argv(PROMPT), secret=SECRET)
+        reader = JournalReader(
+            sandbox,
+            handle.paths,
+            nonce=nonce_for(ref, run_id, SECRET),
+            stop=stop,
+            first_byte_timeout=RUN_TIMEOUT,
+        )
+        lines = [line for line, _ in reader]
+        return lines, reader.exit_code
+    finally:
+        guard.cancel()
+        stop.close()
+        provider.destroy(ref)
+
+
+def test_claude_code_preset_journaled_translates_like_a_direct_run(
+    agent_clis: AgentClis, anthropic_server: ModelServer, tmp_path: Path
+) -> None:
+    run_id = "run-cc-journaled"
+    spec = AgentSpec.from_payload(
+        {
+            "preset": "claude-code",
+            "args": ["--allowedTools", "Bash", "--permission-mode", "bypassPermissions"],
+        }
+    )
+    lines, exit_code = run_journaled(
+        tmp_path, run_id, spec, lambda home: claude_env(agent_clis, anthropic_server, home)
+    )
+    assert exit_code == 0
+    events = json_lines(b"\n".join(lines))
+    assert only(events, type="user")["tool_use_result"]["stdout"] == "hello-from-tool"
+    init = only(events, type="system", subtype="init")
+    assert init["cwd"].endswith("/workspace")
+    assert init["model"] == anthropic_server.requests[0].body["model"]
+    result = only(events, type="result")
+    # the preset streams partial messages
+    assert translate(spec.format, lines, run_id) == claude_chunks(
+        run_id, session_id=init["session_id"], model=init["model"], result=result, partial=True
+    )
+
+
+def test_codex_preset_journaled_translates_like_a_direct_run(
+    agent_clis: AgentClis, responses_server: ModelServer, tmp_path: Path
+) -> None:
+    run_id = "run-cx-journaled"
+    spec = AgentSpec.from_payload({"preset": "codex", "args": CODEX_FLAGS})
+    lines, exit_code = run_journaled(
+        tmp_path, run_id, spec, lambda home: codex_env(agent_clis, responses_server, home)
+    )
+    assert exit_code == 0
+    events = json_lines(b"\n".join(lines))
+    [ran] = [
+        e["item"]
+        for e in events
+        if e["type"] == "item.completed" and e["item"]["type"] == "command_execution"
+    ]
+    assert (ran["aggregated_output"], ran["exit_code"]) == ("hello-from-tool\n", 0)
+    thread = only(events, type="thread.started")
+    assert translate(spec.format, lines, run_id) == codex_chunks(
+        run_id, thread_id=thread["thread_id"]
+    )
