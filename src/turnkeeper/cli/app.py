@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from turnkeeper import checkup
-from turnkeeper.cli import fleet, runs
+from turnkeeper.cli import demo, fleet, runs, web
 from turnkeeper.cli.context import console, services, settings_from_env
 from turnkeeper.store import migration
 
@@ -29,6 +29,8 @@ app.command(context_settings=fleet.PASS_THROUGH)(fleet.beat)
 app.command()(fleet.reconcile)
 app.command()(fleet.reap)
 app.command()(fleet.prune)
+app.command()(web.web)
+app.command()(demo.demo)
 
 
 def _print_checks(results: list[checkup.CheckResult]) -> bool:
@@ -89,15 +91,3 @@ def dev(
         finally:
             fleet.stop_fleet(procs)
     console.print("stopped.")
-
-
-@app.command()
-def demo() -> None:
-    """Bring up the stack on the embedded default, upgrade the schema and check every service."""
-    settings = settings_from_env()
-    with services(settings, start=True) as resolved:
-        migration.upgrade(resolved.require_database_url())
-        ok = _print_checks(checkup.run_checks(resolved))
-    if not ok:
-        raise typer.Exit(1)
-

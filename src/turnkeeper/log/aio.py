@@ -27,6 +27,7 @@ from turnkeeper.log.keys import RunKeys, check_namespace
 from turnkeeper.log.runlog import (
     DEFAULT_BLOCK_MS,
     DEFAULT_PAGE_SIZE,
+    SOCKET_TIMEOUT,
     check_client,
     check_read_offset,
     read_is_over,
@@ -52,6 +53,7 @@ class AsyncRunLog:
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str, **client_options: Any) -> Self:
+        client_options.setdefault("socket_timeout", SOCKET_TIMEOUT)
         client = redis.asyncio.Redis.from_url(url, decode_responses=False, **client_options)
         return cls(client, namespace=namespace)
 

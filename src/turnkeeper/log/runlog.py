@@ -47,6 +47,8 @@ from turnkeeper.log.keys import APPEND_LUA, CLOSE_LUA, FENCE_LUA, RunKeys, check
 logger = structlog.get_logger(__name__)
 
 DEFAULT_BLOCK_MS: Final = 5_000
+# redis-py's default socket timeout (5 s) would cut a parked XREAD BLOCK of 5 s short.
+SOCKET_TIMEOUT: Final = DEFAULT_BLOCK_MS / 1000 + 10
 DEFAULT_PAGE_SIZE: Final = 1_000
 
 
@@ -102,7 +104,8 @@ class RunLog:
         max_chunks: int = 1_000_000,
         **client_options: Any,
     ) -> Self:
-        """A log on its own client. Keep ``socket_timeout`` unset or above ``block_ms``."""
+        """A log on its own client. A ``socket_timeout`` given must stay above ``block_ms``."""
+        client_options.setdefault("socket_timeout", SOCKET_TIMEOUT)
         client = redis.Redis.from_url(url, decode_responses=False, **client_options)
         return cls(
             client,

@@ -1,0 +1,266 @@
+"""`turnkeeper demo`: a worker is killed mid-run and the run goes on, shown end to end.
+
+On the embedded servers (or the configured ones) it starts two workers, beat
+and the web app with a short lease, submits a scripted run, streams it over
+SSE into the terminal, SIGKILLs the worker that owns it, shows the takeover,
+and checks what the SSE client received against the stored log: every chunk
+once, no gaps. Exit 0 only when every check passes.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote
+
+import httpx
+import orjson
+import typer
+from pydantic import SecretStr
+from rich.text import Text
+from uuid6 import uuid7
+
+from turnkeeper.chunks import Chunk
+from turnkeeper.cli.context import console, services, settings_from_env
+from turnkeeper.cli.fleet import stop_fleet, wait_for_signal
+from turnkeeper.cli.render import ConversationRenderer
+from turnkeeper.client import Client
+from turnkeeper.config import Settings
+from turnkeeper.store import migration
+from turnkeeper.web import create_app
+from turnkeeper.web.serve import BackgroundServer, free_port
+from turnkeeper.web.sse import parse_stream
+
+DEMO_TIMING = {"LEASE_TTL": "3", "HEARTBEAT_INTERVAL": "1", "RECONCILE_INTERVAL": "1"}
+# Chunks whose id must appear once in a run: a takeover that re-appended output would repeat them.
+_UNIQUE_BY = {
+    "RUN_STARTED": "runId",
+    "RUN_FINISHED": "runId",
+    "TEXT_MESSAGE_START": "messageId",
+    "TEXT_MESSAGE_END": "messageId",
+    "TOOL_CALL_START": "toolCallId",
+    "TOOL_CALL_END": "toolCallId",
+    "TOOL_CALL_RESULT": "toolCallId",
+}
+
+
+@dataclass
+class Takeover:
+    """What the watcher saw: the kill, then the new epoch on the database."""
+
+    killed_at: float | None = None
+    old_epoch: int | None = None
+    new_epoch: int | None = None
+    taken_at: float | None = None
+    resumed_at: float | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+def _start_fleet(settings: Settings, logs: Path) -> list[subprocess.Popen[bytes]]:
+    """Two workers and beat, each in a session of its own, logging to files under ``logs``."""
+    env = dict(os.environ)
+    env.update(
+        TURNKEEPER_DATABASE_URL=settings.require_database_url(),
+        TURNKEEPER_REDIS_URL=settings.require_redis_url(),
+        TURNKEEPER_DATA_DIR=str(settings.data_dir.resolve()),
+        TURNKEEPER_NAMESPACE=settings.namespace,
+        **{f"TURNKEEPER_{name}": value for name, value in DEMO_TIMING.items()},
+    )
+    logs.mkdir(parents=True, exist_ok=True)
+    quiet = ["--without-mingle", "--without-gossip", "--without-heartbeat"]
+    procs = []
+    for name, args in (
+        ("worker-1", ["worker", "-c", "2", *quiet]),
+        ("worker-2", ["worker", "-c", "2", *quiet]),
+        ("beat", ["beat", *quiet]),
+    ):
+        with (logs / f"{name}.log").open("ab") as out:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "turnkeeper", *args],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+    return procs
+
+
+def _watch_epoch(client: Client, run_id: str, takeover: Takeover) -> None:
+    while not takeover.done.wait(0.05):
+        if takeover.killed_at is None or takeover.taken_at is not None:
+            continue
+        run = client.get(run_id)
+        if run is not None and takeover.old_epoch is not None and run.epoch > takeover.old_epoch:
+            takeover.new_epoch = run.epoch
+            takeover.taken_at = time.monotonic()
+
+
+def _kill_owner(
+    client: Client, run_id: str, workers: list[subprocess.Popen[bytes]], takeover: Takeover
+) -> str:
+    run = client.require(run_id)
+    if run.owner is None:
+        return "the run has no owner yet"
+    pid = int(run.owner.rsplit(":", 1)[1])
+    pgid = os.getpgid(pid)
+    if pgid not in {proc.pid for proc in workers}:
+        return f"owner {run.owner} is not one of the demo's workers"
+    takeover.old_epoch = run.epoch
+    takeover.killed_at = time.monotonic()
+    os.killpg(pgid, signal.SIGKILL)
+    return f"SIGKILL worker process group {pgid} (owner {run.owner}, epoch {run.epoch})"
+
+
+def _duplicates(chunks: list[tuple[int, Chunk]]) -> int:
+    seqs = Counter(seq for seq, _ in chunks)
+    ids = Counter(
+        (chunk["type"], chunk.get(key))
+        for _, chunk in chunks
+        if (key := _UNIQUE_BY.get(str(chunk.get("type")))) is not None
+    )
+    return sum(n - 1 for n in seqs.values()) + sum(n - 1 for n in ids.values())
+
+
+def _gaps(chunks: list[tuple[int, Chunk]]) -> int:
+    seqs = {seq for seq, _ in chunks}
+    return len(set(range(1, max(seqs, default=0) + 1)) - seqs)
+
+
+def _stream(
+    base_url: str,
+    stream_url: str,
+    client: Client,
+    run_id: str,
+    workers: list[subprocess.Popen[bytes]],
+    takeover: Takeover,
+) -> list[tuple[int, Chunk]]:
+    renderer = ConversationRenderer(console)
+    received: list[tuple[int, Chunk]] = []
+    results = 0
+    with (
+        httpx.Client(base_url=base_url, timeout=httpx.Timeout(60.0)) as http,
+        http.stream("GET", stream_url) as response,
+    ):
+        response.raise_for_status()
+        for event_id, event, data in parse_stream(response.iter_lines()):
+            if event != "message" or event_id is None:
+                break
+            chunk: Chunk = orjson.loads(data)
+            received.append((int(event_id), chunk))
+            if takeover.killed_at is not None and takeover.resumed_at is None:
+                takeover.resumed_at = time.monotonic()
+                renderer.close()
+                console.print(_takeover_line(takeover), highlight=False)
+            renderer.render(chunk)
+            results += chunk.get("type") == "TOOL_CALL_RESULT"
+            if results == 1 and takeover.killed_at is None:
+                renderer.close()
+                console.print(
+                    Text(f"✗ {_kill_owner(client, run_id, workers, takeover)}", style="bold red")
+                )
+    renderer.close()
+    return received
+
+
+def _takeover_line(takeover: Takeover) -> Text:
+    assert takeover.killed_at is not None  # noqa: S101 - only called after the kill
+    resumed = (takeover.resumed_at or time.monotonic()) - takeover.killed_at
+    if takeover.taken_at is None:
+        return Text(f"⟳ output resumed {resumed:.1f}s after the kill", style="bold yellow")
+    taken = takeover.taken_at - takeover.killed_at
+    return Text(
+        f"⟳ takeover: epoch {takeover.old_epoch} → {takeover.new_epoch} {taken:.1f}s after the "
+        f"kill (lease {DEMO_TIMING['LEASE_TTL']}s); output resumed after {resumed:.1f}s",
+        style="bold yellow",
+    )
+
+
+def _report(
+    client: Client, run_id: str, received: list[tuple[int, Chunk]], takeover: Takeover
+) -> bool:
+    deadline = time.monotonic() + 30  # the log closes just before the run is settled
+    run = client.require(run_id)
+    while not run.status.is_terminal and time.monotonic() < deadline:
+        time.sleep(0.1)
+        run = client.require(run_id)
+    stored = client.log.snapshot(run_id)
+    duplicates, gaps = _duplicates(received), _gaps(received)
+    checks = [
+        ("chunks delivered", f"{len(received)}", len(received) > 0),
+        ("duplicates", str(duplicates), duplicates == 0),
+        ("gaps", str(gaps), gaps == 0),
+        ("same as the stored log", "yes" if received == stored else "no", received == stored),
+        (
+            "takeover",
+            f"epoch {takeover.old_epoch} → {run.epoch}",
+            takeover.old_epoch is not None and run.epoch > takeover.old_epoch,
+        ),
+        ("run status", run.status.value, run.status.value == "completed"),
+    ]
+    console.print()
+    for name, value, ok in checks:
+        mark = "[green]ok  [/green]" if ok else "[red]FAIL[/red]"
+        console.print(f"{mark} {name:<24} {value}", highlight=False)
+    return all(ok for _, _, ok in checks)
+
+
+def demo(
+    turns: Annotated[int, typer.Option(min=2, max=20, help="Turns of the scripted agent.")] = 4,
+    pace: Annotated[float, typer.Option(min=0.01, max=2.0, help="Seconds per agent line.")] = 0.15,
+    keep: Annotated[bool, typer.Option("--keep", help="Leave the stack up until Ctrl-C.")] = False,
+) -> None:
+    """A worker dies mid-run and the run goes on: takeover, no chunk lost or doubled."""
+    os.environ.update({f"TURNKEEPER_{k}": v for k, v in DEMO_TIMING.items()})
+    settings = settings_from_env()
+    with services(settings, start=True) as resolved:
+        migration.upgrade(resolved.require_database_url())
+        logs = resolved.data_dir / "demo-logs"
+        procs = _start_fleet(resolved, logs)
+        # A secret of this demo's own (tokens need not outlive it).
+        web_settings = resolved.model_copy(update={"secret": SecretStr(secrets.token_hex(32))})
+        server = BackgroundServer.start(
+            create_app(web_settings), port=free_port(resolved.web_host, resolved.web_port)
+        )
+        client = Client.from_settings(resolved)
+        takeover = Takeover()
+        ok = False
+        try:
+            console.print(
+                f"turnkeeper demo: 2 workers, beat and the web app on {server.base_url} "
+                f"(lease {DEMO_TIMING['LEASE_TTL']}s; process logs in {logs})",
+                highlight=False,
+            )
+            run_id = f"demo-{uuid7()}"
+            agent: dict[str, Any] = {"preset": "scripted", "turns": turns, "pace": pace, "seed": 1}
+            client.submit(agent, "Tidy the workspace and take notes.", run_id=run_id)
+            view = httpx.get(f"{server.base_url}/runs/{quote(run_id, safe='')}", timeout=30).json()
+            console.print(f"run {run_id}; watch it at {server.base_url}/ui/runs/{run_id}")
+            threading.Thread(
+                target=_watch_epoch, args=(client, run_id, takeover), daemon=True
+            ).start()
+            received = _stream(
+                server.base_url, view["stream_url"], client, run_id, procs[:2], takeover
+            )
+            ok = _report(client, run_id, received, takeover)
+            console.print(f"     {'dashboard':<24} {server.base_url}/", highlight=False)
+            if keep:
+                console.print("the stack stays up; Ctrl-C stops it.")
+                wait_for_signal()
+        finally:
+            takeover.done.set()
+            client.close()
+            server.stop()
+            stop_fleet(procs)
+    if not ok:
+        raise typer.Exit(1)

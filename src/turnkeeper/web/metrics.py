@@ -1,0 +1,140 @@
+"""Prometheus metrics of the fleet, as far as the web process can honestly see them.
+
+Counters that happen inside workers (lease renewals, appends the log refused
+to a fenced-out owner) live in worker memory, which the web process cannot
+read, and the store does not record them; they are not exported here rather
+than exported wrong. What the store does record is read on every scrape:
+
+- ``turnkeeper_runs{status}``: runs per status (gauge);
+- ``turnkeeper_attempts{outcome}``: attempts per outcome (``running`` for open ones);
+- ``turnkeeper_takeovers_total``: attempts superseded by a takeover, i.e. how
+  many times the reconciler handed a run to a new epoch (each one also fenced
+  the log, so it bounds the appends that could have been refused);
+- ``turnkeeper_expired_leases``: running runs whose lease has expired now, on
+  the database clock (takeovers waiting for the reconciler);
+- ``turnkeeper_max_epoch``: the highest epoch of any unsettled run.
+
+Measured in this process: HTTP request latency per route, the time from
+opening a stream to its first event, open streams, and events sent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import sqlalchemy as sa
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from turnkeeper.config import sqlalchemy_postgres_url
+from turnkeeper.store import schema
+from turnkeeper.store.records import RunStatus
+
+log = structlog.get_logger(__name__)
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class StoreCollector(Collector):
+    """Reads the fleet's state from the store on each scrape (a few indexed aggregates)."""
+
+    def __init__(self, database_url: str) -> None:
+        self._engine = sa.create_engine(
+            sqlalchemy_postgres_url(database_url),
+            pool_size=1,
+            max_overflow=1,
+            isolation_level="AUTOCOMMIT",
+            connect_args={"connect_timeout": 5},
+        )
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        runs, attempts = schema.runs, schema.attempts
+        unsettled = runs.c.status.in_([RunStatus.QUEUED.value, RunStatus.RUNNING.value])
+        try:
+            with self._engine.connect() as conn:
+                by_status: dict[str, int] = dict(
+                    conn.execute(
+                        sa.select(runs.c.status, sa.func.count()).group_by(runs.c.status)
+                    ).all()
+                )
+                outcome = sa.func.coalesce(attempts.c.outcome, "running")
+                by_outcome: dict[str, int] = dict(
+                    conn.execute(sa.select(outcome, sa.func.count()).group_by(outcome)).all()
+                )
+                expired = conn.execute(
+                    sa.select(sa.func.count()).where(
+                        runs.c.status == RunStatus.RUNNING.value,
+                        runs.c.lease_expires_at < sa.func.now(),
+                    )
+                ).scalar_one()
+                max_epoch = conn.execute(
+                    sa.select(sa.func.coalesce(sa.func.max(runs.c.epoch), 0)).where(unsettled)
+                ).scalar_one()
+        except sa.exc.SQLAlchemyError as exc:
+            log.warning("metrics.store.unavailable", error=str(exc).splitlines()[0])
+            return
+        gauge = GaugeMetricFamily("turnkeeper_runs", "Runs per status.", labels=["status"])
+        for status in RunStatus:
+            gauge.add_metric([status.value], by_status.get(status.value, 0))
+        yield gauge
+        per_outcome = GaugeMetricFamily(
+            "turnkeeper_attempts", "Attempts per outcome.", labels=["outcome"]
+        )
+        for name, count in sorted(by_outcome.items()):
+            per_outcome.add_metric([str(name)], count)
+        yield per_outcome
+        yield CounterMetricFamily(
+            "turnkeeper_takeovers",
+            "Attempts superseded by a takeover (new attempt, epoch + 1).",
+            value=by_outcome.get("superseded", 0),
+        )
+        yield GaugeMetricFamily(
+            "turnkeeper_expired_leases",
+            "Running runs whose lease expired (database clock), awaiting takeover.",
+            value=expired,
+        )
+        yield GaugeMetricFamily(
+            "turnkeeper_max_epoch", "Highest epoch of a queued or running run.", value=max_epoch
+        )
+
+
+class WebMetrics:
+    """The registry of one web app: the store collector plus this process's own series."""
+
+    def __init__(self, database_url: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.store = StoreCollector(database_url)
+        self.registry.register(self.store)
+        self.request_seconds = Histogram(
+            "turnkeeper_http_request_duration_seconds",
+            "HTTP request latency (streams: until the response starts).",
+            ["method", "route", "status"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.first_event_seconds = Histogram(
+            "turnkeeper_sse_first_event_seconds",
+            "Time from opening a stream to sending its first event.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.open_streams = Gauge(
+            "turnkeeper_sse_open_streams", "SSE streams open now.", registry=self.registry
+        )
+        self.events_sent = Counter(
+            "turnkeeper_sse_events", "Chunks sent on SSE streams.", registry=self.registry
+        )
+
+    def observe_request(self, method: str, route: str, status: int, started: float) -> None:
+        self.request_seconds.labels(method, route, str(status)).observe(
+            time.perf_counter() - started
+        )
+
+    def close(self) -> None:
+        self.store.close()

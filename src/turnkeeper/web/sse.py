@@ -1,0 +1,126 @@
+"""The resumable SSE stream of a run's log (ARCHITECTURE §5).
+
+Each chunk is one event whose ``id:`` is its seq and whose data is the chunk's
+JSON, so a reconnecting EventSource resumes with ``Last-Event-ID`` and sees
+every chunk once. The stream ends with an ``end`` event when the log is closed
+(a browser's EventSource would otherwise reconnect forever). Everything that
+can be refused with a status code (unknown run, offset removed by retention,
+offset past the end) is checked before the response starts; a log that
+retention removes under a parked reader ends the stream with a ``log-error``
+event (``error`` is taken by EventSource for network errors).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from typing import Any
+
+import orjson
+import structlog
+
+from turnkeeper.errors import InvalidInputError, LogError, LogGoneError, LogOffsetError
+from turnkeeper.log import AsyncRunLog, LogState
+from turnkeeper.store.records import Run
+
+log = structlog.get_logger(__name__)
+
+MAX_OFFSET = 2**53
+
+
+def parse_offset(last_event_id: str | None, offset: str | None) -> int:
+    """The seq to resume after: ``Last-Event-ID`` wins (a reconnect), then ``?offset=``."""
+    for name, raw in (("Last-Event-ID", last_event_id), ("offset", offset)):
+        if raw is None or raw == "":
+            continue
+        text = raw.strip()
+        if not text.isdigit() or int(text) > MAX_OFFSET:
+            raise InvalidInputError(
+                f"{name} must be a non-negative integer seq, got {raw[:40]!r}",
+                reason="invalid-offset",
+            )
+        return int(text)
+    return 0
+
+
+def check_start(run: Run, state: LogState, after: int) -> None:
+    """Refuse, before any byte is sent, a resume the log cannot serve.
+
+    LogGoneError (410) when retention removed the log or the chunks right after
+    ``after``; LogOffsetError (400) for an offset past the end of the log.
+    """
+    if not state.exists:
+        if after > 0 or run.status.is_terminal:
+            # A settled run whose log is gone would park a reader forever.
+            raise LogGoneError(
+                "the run's log was removed by retention",
+                run_id=run.run_id,
+                reason="expired",
+                offset=after,
+            )
+        return
+    if after > state.last_seq:
+        raise LogOffsetError(
+            f"offset {after} is past the last seq {state.last_seq}",
+            run_id=run.run_id,
+            reason="offset-ahead",
+            offset=after,
+        )
+    if state.first_seq > after + 1:
+        raise LogGoneError(
+            f"chunks before seq {state.first_seq} were removed by retention",
+            run_id=run.run_id,
+            reason="trimmed",
+            offset=after,
+        )
+
+
+async def events(
+    run_log: AsyncRunLog,
+    run_id: str,
+    after: int,
+    *,
+    on_first_event: Callable[[float], None] | None = None,
+    block_ms: int = 2_000,  # well under redis-py's default 5 s socket timeout
+) -> AsyncIterator[dict[str, Any]]:
+    """Server-sent events (as sse-starlette dicts) for the chunks after seq ``after``."""
+    opened = time.monotonic()
+    first = True
+    last = after
+    try:
+        async for seq, chunk in run_log.read(run_id, after, block_ms=block_ms):
+            if first and on_first_event is not None:
+                on_first_event(time.monotonic() - opened)
+            first = False
+            last = seq
+            yield {"id": str(seq), "data": orjson.dumps(chunk).decode()}
+    except LogError as exc:
+        log.warning("sse.stream.failed", run_id=run_id, offset=last, error=str(exc))
+        status = 410 if isinstance(exc, LogGoneError) else 503
+        body = {"message": exc.message, "reason": exc.reason, "status": status}
+        yield {"event": "log-error", "data": orjson.dumps(body).decode()}
+        return
+    yield {"event": "end", "data": orjson.dumps({"last_seq": last}).decode()}
+
+
+def parse_stream(lines: Iterable[str]) -> Iterator[tuple[str | None, str, str]]:
+    """``(id, event, data)`` per event of an SSE byte stream's lines; comments are skipped.
+
+    For our own clients (the demo, the benchmark); browsers have EventSource.
+    """
+    fields: dict[str, str] = {}
+    data: list[str] = []
+    for line in lines:
+        if line.startswith(":"):
+            continue
+        if line == "":
+            if data or fields:
+                yield fields.get("id"), fields.get("event", "message"), "\n".join(data)
+            fields, data = {}, []
+            continue
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "data":
+            data.append(value)
+        else:
+            fields[name] = value

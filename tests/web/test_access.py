@@ -1,0 +1,153 @@
+"""Stream tokens, pluggable auth, and request validation (400 with a message)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import HTTPException, Request
+
+from tests.web.conftest import SECRET, WebServer
+from turnkeeper.config import Settings
+from turnkeeper.errors import AccessDeniedError
+from turnkeeper.web import create_app
+from turnkeeper.web.tokens import StreamTokens
+
+TOKENS = StreamTokens(SECRET.encode(), 60)
+
+
+@pytest.fixture
+def http(bare_web: WebServer) -> Iterator[httpx.Client]:
+    with bare_web.http() as client:
+        yield client
+
+
+def _queued(http: httpx.Client, run_id: str) -> dict[str, Any]:
+    response = http.post("/runs", json={"agent": "scripted", "prompt": "p", "run_id": run_id})
+    assert response.status_code == 201, response.text
+    body: dict[str, Any] = response.json()
+    assert body["status"] == "queued"
+    return body
+
+
+def test_tokens_unit() -> None:
+    now = 1_700_000_000.0
+    token = TOKENS.issue("r1", now=now)
+    TOKENS.verify(token, "r1", now=now + 59)
+    cases = {
+        "expired": (token, "r1", now + 60),
+        "other run": (token, "r2", now),
+        "other secret": (StreamTokens(b"x", 60).issue("r1", now=now), "r1", now),
+        "pushed expiry": (f"{int(now) + 999}.{token.split('.')[1]}", "r1", now),
+        "malformed": ("garbage", "r1", now),
+        "non-ascii": ("1.é", "r1", now),
+        "empty": ("", "r1", now),
+    }
+    for name, (value, run_id, when) in cases.items():
+        with pytest.raises(AccessDeniedError):
+            TOKENS.verify(value, run_id, now=when)
+        assert name
+
+
+def test_forged_expired_and_missing_tokens_are_refused(http: httpx.Client) -> None:
+    body = _queued(http, "guarded")
+    base = "/runs/guarded/events"
+    refused = {
+        "missing": base,
+        "forged": f"{base}?token={int(time.time()) + 600}.{'A' * 43}",
+        "other run": f"{base}?token={TOKENS.issue('other')}",
+        "expired": f"{base}?token={TOKENS.issue('guarded', now=time.time() - 120)}",
+        "other secret": f"{base}?token={StreamTokens(b'nope', 60).issue('guarded')}",
+    }
+    reasons = {}
+    for name, url in refused.items():
+        response = http.get(url)
+        assert response.status_code == 403, name
+        reasons[name] = response.json()["reason"]
+    assert reasons == {
+        "missing": "missing",
+        "forged": "forged",
+        "other run": "forged",
+        "expired": "expired",
+        "other secret": "forged",
+    }
+    # The issued token opens the stream (it parks on the queued run's empty log).
+    with http.stream("GET", body["stream_url"]) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            assert line.startswith(": ping")  # nothing written yet: keep-alives only
+            break
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ({"prompt": "p"}, "agent: Field required"),
+        ({"agent": "scripted"}, "prompt: Field required"),
+        ({"agent": "scripted", "prompt": "p", "extra": 1}, "extra: Extra inputs are not permitted"),
+        ({"agent": "nope", "prompt": "p"}, "unknown agent preset 'nope'"),
+        ({"agent": {"preset": "scripted", "turns": -1}, "prompt": "p"}, "invalid options"),
+        ({"agent": "scripted", "prompt": "p", "provider": "docker"}, "provider: Input should be"),
+        ({"agent": "scripted", "prompt": "p", "run_id": ""}, "run_id must be a non-empty string"),
+        ({"agent": "scripted", "prompt": "p", "run_id": "x" * 256}, "at most 255 characters"),
+        ({"agent": "scripted", "prompt": "p", "run_id": "a\nb"}, "run_id contains a control"),
+        ({"agent": "scripted", "prompt": "p", "session_id": "a\x00"}, "session_id contains a"),
+        ({"agent": "scripted", "prompt": "p", "max_attempts": 0}, "max_attempts: Input should"),
+        ({"agent": "scripted", "prompt": 5}, "prompt: Input should be a valid string"),
+    ],
+)
+def test_submit_validation_is_400_with_a_message(
+    http: httpx.Client, payload: dict[str, Any], message: str
+) -> None:
+    response = http.post("/runs", json=payload)
+    assert response.status_code == 400, response.text
+    assert message in response.json()["error"]
+
+
+def test_path_and_offset_validation(http: httpx.Client) -> None:
+    assert (
+        http.post(
+            "/runs", content=b"{not json", headers={"content-type": "application/json"}
+        ).status_code
+        == 400
+    )
+    assert http.get("/runs/a%01b").json()["error"] == "run_id contains a control character"
+    assert http.get("/runs/a%01b").status_code == 400
+    body = _queued(http, "offsets")
+    for bad in ("-1", "abc", "1.5", "9" * 30):
+        response = http.get(f"{body['stream_url']}&offset={bad}")
+        assert response.status_code == 400, bad
+        assert "offset must be a non-negative integer" in response.json()["error"]
+    response = http.get(body["stream_url"], headers={"Last-Event-ID": "x"})
+    assert response.status_code == 400
+    assert "Last-Event-ID must be" in response.json()["error"]
+    assert http.get("/runs?limit=0").status_code == 400
+    assert http.get("/runs?status=bogus").status_code == 400
+
+
+def test_an_app_can_plug_in_its_own_auth(settings: Settings) -> None:
+    def require_header(request: Request) -> None:
+        if request.headers.get("x-user") != "alice":
+            raise HTTPException(status_code=403, detail="who are you?")
+
+    server = WebServer.start_app(create_app(settings, auth=require_header, ping_seconds=0.5))
+    try:
+        with server.http() as http:
+            denied = http.post("/runs", json={"agent": "scripted", "prompt": "p", "run_id": "a1"})
+            assert denied.status_code == 403
+            assert http.get("/runs/a1/events").status_code == 403
+            ok = http.post(
+                "/runs",
+                json={"agent": "scripted", "prompt": "p", "run_id": "a1"},
+                headers={"x-user": "alice"},
+            )
+            assert ok.status_code == 201
+            assert ok.json()["stream_url"] == "/runs/a1/events"  # no token: the app's auth rules
+            with http.stream("GET", "/runs/a1/events", headers={"x-user": "alice"}) as response:
+                assert response.status_code == 200
+    finally:
+        server.stop()
