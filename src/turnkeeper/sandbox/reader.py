@@ -15,12 +15,15 @@ Two strategies, chosen from the sandbox's capabilities: ``follow`` (a killable
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import select
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Literal
 
 import structlog
@@ -45,7 +48,7 @@ from turnkeeper.sandbox.journal import (
     read_argv,
     tail_argv,
 )
-from turnkeeper.sandbox.lines import LineSplitter
+from turnkeeper.sandbox.lines import LineSplitter, split_lines
 from turnkeeper.sandbox.provider import Capabilities, Sandbox
 
 log = structlog.get_logger(__name__)
@@ -57,6 +60,7 @@ DEFAULT_FIRST_BYTE_TIMEOUT = 10.0
 DEFAULT_LIVENESS_INTERVAL = 1.0
 _TICK = 0.25
 _READ_SIZE = 1 << 20
+_SPLIT_BYTES = 1 << 16
 _MAX_FOLLOW_RESTARTS = 3
 _SENTINEL_SLACK = 256  # the writer's newline and sentinel may follow a full journal
 
@@ -72,11 +76,15 @@ class StopSignal:
 
     def __init__(self) -> None:
         self._event = threading.Event()
+        # Readers test this plain attribute after every line, where even a method call
+        # is a visible cost; ``set`` is the only writer.
+        self.stopped = False
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)
 
     def set(self) -> None:
         if not self._event.is_set():
+            self.stopped = True
             self._event.set()
             with contextlib.suppress(OSError):
                 os.write(self._write_fd, b"x")
@@ -100,6 +108,18 @@ class StopSignal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass
+class _IdleWatch:
+    """What the idle checks of one read remember between ticks."""
+
+    started: float
+    last_check: float = field(init=False)
+    strikes: int = 0
+
+    def __post_init__(self) -> None:
+        self.last_check = self.started
 
 
 class JournalReader:
@@ -134,62 +154,94 @@ class JournalReader:
         self.first_byte_timeout = first_byte_timeout or None
         self.liveness_interval = liveness_interval
         self.max_bytes = max_bytes
+        self._nonce_bytes = nonce.encode()
         self.exit_code: int | None = None
         self.end_position: int | None = None
         self.position = from_byte
 
     def __iter__(self) -> Iterator[tuple[bytes, int]]:
         splitter = LineSplitter(self.from_byte)
-        started = time.monotonic()
-        last_check = started
-        strikes = 0
+        idle = _IdleWatch(time.monotonic())
+        stop = self.stop
         source = self._follow(splitter) if self.strategy == "follow" else self._poll(splitter)
         try:
             for chunk in source:
-                if self.stop.is_set():
+                if stop.stopped:
                     return
-                if chunk:
-                    strikes = 0
-                    for line, end in splitter.feed(chunk):
-                        if self._is_sentinel(line, end):
-                            return
-                        self._check_size(end)
+                if not chunk:
+                    self._idle_tick(idle, splitter)
+                    continue
+                idle.strikes = 0
+                taken = splitter.take(chunk)
+                if taken is not None:
+                    lines, sentinel_found, failure = self._screen(*taken)
+                    # The per-line loop is all the Python a line costs: keep it this small.
+                    for line, end in lines:
                         self.position = end
                         yield line, end
-                        if self.stop.is_set():
+                        if stop.stopped:
                             return
-                    self._check_size(splitter.fed_until - _SENTINEL_SLACK)
-                    continue
-                now = time.monotonic()
-                if (
-                    splitter.received == 0
-                    and self.first_byte_timeout is not None
-                    and now - started >= self.first_byte_timeout
-                ):
-                    raise JournalStalledError(
-                        f"journal delivered no bytes within {self.first_byte_timeout}s",
-                        run_id=self.paths.run_id,
-                        reason="journal-stalled",
-                        journal=self.paths.journal,
-                    )
-                if (
-                    self.liveness_interval is not None
-                    and now - last_check >= self.liveness_interval
-                ):
-                    last_check = now
-                    strikes = strikes + 1 if self._writer_gone() else 0
-                    if strikes >= 2:
-                        raise AgentVanishedError(
-                            "agent process is gone and its journal has no exit sentinel",
-                            run_id=self.paths.run_id,
-                            reason="agent-vanished",
-                            journal=self.paths.journal,
-                        )
+                    if sentinel_found:
+                        return
+                    if failure is not None:
+                        raise failure
+                self._check_size(splitter.fed_until - _SENTINEL_SLACK)
         finally:
             # Closing the source kills a follow process at once, whatever ended the read.
             close = getattr(source, "close", None)
             if close is not None:
                 close()
+
+    def _idle_tick(self, idle: _IdleWatch, splitter: LineSplitter) -> None:
+        """No bytes this tick: fail a read that never started, or whose writer is gone."""
+        now = time.monotonic()
+        if (
+            splitter.received == 0
+            and self.first_byte_timeout is not None
+            and now - idle.started >= self.first_byte_timeout
+        ):
+            raise JournalStalledError(
+                f"journal delivered no bytes within {self.first_byte_timeout}s",
+                run_id=self.paths.run_id,
+                reason="journal-stalled",
+                journal=self.paths.journal,
+            )
+        if self.liveness_interval is not None and now - idle.last_check >= self.liveness_interval:
+            idle.last_check = now
+            idle.strikes = idle.strikes + 1 if self._writer_gone() else 0
+            if idle.strikes >= 2:
+                raise AgentVanishedError(
+                    "agent process is gone and its journal has no exit sentinel",
+                    run_id=self.paths.run_id,
+                    reason="agent-vanished",
+                    journal=self.paths.journal,
+                )
+
+    def _screen(
+        self, body: bytes, start: int
+    ) -> tuple[list[tuple[bytes, int]], bool, JournalError | None]:
+        """The lines of one chunk to hand out, whether this run's sentinel follows
+        them, and the error to raise after them (an oversized line, a forged sentinel).
+
+        Equivalent to checking every line in order (sentinel first, then size), but
+        done per chunk: a line can only be a sentinel (or a forged one) if it holds
+        the nonce, and line ends only grow, so the common chunk costs one search for
+        the nonce and no per-line work.
+        """
+        lines = split_lines(body, start)
+        cut = len(lines)  # index of the first line past the size limit, if any
+        if self.max_bytes is not None and lines[-1][1] > self.max_bytes + 1:
+            cut = bisect.bisect_right(lines, self.max_bytes + 1, key=itemgetter(1))
+        if self._nonce_bytes in body:
+            for index, (line, end) in enumerate(lines[: cut + 1]):
+                try:
+                    if self._is_sentinel(line, end):
+                        return lines[:index], True, None
+                except InvalidSentinelError as exc:
+                    return lines[:index], False, exc
+        if cut < len(lines):
+            return lines[:cut], False, self._too_large(lines[cut][1])
+        return lines, False, None
 
     def _is_sentinel(self, line: bytes, end: int) -> bool:
         try:
@@ -209,12 +261,15 @@ class JournalReader:
 
     def _check_size(self, end: int) -> None:
         if self.max_bytes is not None and end > self.max_bytes + 1:
-            raise JournalTooLargeError(
-                f"journal passed its limit of {self.max_bytes} bytes",
-                run_id=self.paths.run_id,
-                reason="journal-too-large",
-                position=end,
-            )
+            raise self._too_large(end)
+
+    def _too_large(self, end: int) -> JournalTooLargeError:
+        return JournalTooLargeError(
+            f"journal passed its limit of {self.max_bytes} bytes",
+            run_id=self.paths.run_id,
+            reason="journal-too-large",
+            position=end,
+        )
 
     def _writer_gone(self) -> bool:
         """True when the writer's lock is free and no sentinel is in the journal's tail.
@@ -271,8 +326,14 @@ class JournalReader:
             result = self.sandbox.exec(
                 read_argv(self.paths, splitter.fed_until, POLL_READ_BYTES), timeout=60
             )
-            yield result.stdout
-            if len(result.stdout) >= POLL_READ_BYTES:
+            data = result.stdout
+            if not data:
+                yield data  # an idle tick for the checks in __iter__
+            # Split in pipe-sized pieces: many small lists of lines are cheaper to build
+            # than one of a whole read (bench/journal_throughput.py).
+            for offset in range(0, len(data), _SPLIT_BYTES):
+                yield data[offset : offset + _SPLIT_BYTES]
+            if len(data) >= POLL_READ_BYTES:
                 continue
             if self.stop.wait(self.poll_interval):
                 return

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,6 +18,7 @@ from typing import Any
 from turnkeeper.errors import InvalidInputError
 
 MAX_ID_LENGTH = 255
+_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")
 
 
 class RunStatus(StrEnum):
@@ -155,7 +157,7 @@ def check_id(value: object, what: str) -> str:
             f"{what} must be a non-empty string of at most {MAX_ID_LENGTH} characters",
             reason=f"invalid-{what.replace('_', '-')}",
         )
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+    if _CONTROL_CHARACTER.search(value) is not None:
         raise InvalidInputError(
             f"{what} contains a control character", reason=f"invalid-{what.replace('_', '-')}"
         )

@@ -1,0 +1,149 @@
+"""How the store talks to PostgreSQL: pooled statements, transactions, error translation.
+
+The statements themselves are SQLAlchemy ``text()`` clauses named in ``queries``;
+they run on pooled psycopg connections in psycopg's parameter style, because
+SQLAlchemy's per-call bookkeeping was most of the store's overhead on top of the
+round trip (bench/store_cycle.py). Single statements run in autocommit (no
+BEGIN/COMMIT round trips); the few multi-statement primitives run in a READ
+COMMITTED transaction. No caller ever sees a psycopg type: database trouble is
+a ``StoreUnavailableError`` (retryable), any other driver failure a ``StoreError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from psycopg import pq
+from psycopg.rows import DictRow
+
+from turnkeeper.config import plain_postgres_url
+from turnkeeper.errors import (
+    InvalidInputError,
+    StoreError,
+    StoreUnavailableError,
+)
+from turnkeeper.store.pool import ConnectionPool, PoolTimeoutError
+from turnkeeper.store.queries import pyformat
+
+_UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeoutError)
+_DRIVER_ERRORS = (psycopg.Error, PoolTimeoutError)
+_TUPLES_OK = pq.ExecStatus.TUPLES_OK
+
+Row = dict[str, Any]
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def store_error(operation: str, exc: BaseException, fields: Mapping[str, Any]) -> StoreError:
+    """The store error a driver exception becomes (raise it ``from exc``)."""
+    if isinstance(exc, _UNAVAILABLE):
+        return StoreUnavailableError(
+            f"{operation}: database unavailable: {_first_line(exc)}",
+            reason="unavailable",
+            **fields,
+        )
+    if isinstance(exc, psycopg.DataError):
+        return InvalidInputError(
+            f"{operation}: the database refused a value: {_first_line(exc)}",
+            reason="invalid-value",
+            **fields,
+        )
+    return StoreError(f"{operation} failed: {_first_line(exc)}", reason="database-error", **fields)
+
+
+@contextmanager
+def translated(operation: str, **fields: Any) -> Iterator[None]:
+    """Turn driver exceptions into store errors, so no caller sees a psycopg type."""
+    try:
+        yield
+    except _DRIVER_ERRORS as exc:
+        raise store_error(operation, exc, fields) from exc
+
+
+def _fetch(cursor: psycopg.Cursor[DictRow]) -> list[Row]:
+    result = cursor.pgresult
+    return cursor.fetchall() if result is not None and result.status == _TUPLES_OK else []
+
+
+class Transaction:
+    """The statements of one transaction, each returning plain dict rows."""
+
+    def __init__(self, cursor: psycopg.Cursor[DictRow]) -> None:
+        self._cursor = cursor
+
+    def rows(self, statement: sa.TextClause, params: Mapping[str, Any]) -> list[Row]:
+        self._cursor.execute(pyformat(statement), params)
+        return _fetch(self._cursor)
+
+    def one(self, statement: sa.TextClause, params: Mapping[str, Any]) -> Row | None:
+        rows = self.rows(statement, params)
+        return rows[0] if rows else None
+
+    def scalar(self, statement: sa.TextClause, params: Mapping[str, Any]) -> Any:
+        """The first column of the first row, None without a row."""
+        row = self.one(statement, params)
+        return None if row is None else next(iter(row.values()))
+
+    def rowcount(self, statement: sa.TextClause, params: Mapping[str, Any]) -> int:
+        self._cursor.execute(pyformat(statement), params)
+        return self._cursor.rowcount
+
+
+class Database:
+    """The pool and the two ways to run SQL on it: one statement, or one transaction."""
+
+    def __init__(self, database_url: str, *, pool_size: int) -> None:
+        self._pool = ConnectionPool(plain_postgres_url(database_url), size=pool_size)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def rows(
+        self, operation: str, statement: sa.TextClause, params: Mapping[str, Any], **fields: Any
+    ) -> list[Row]:
+        """Run one autocommit statement; its rows (none for a statement without any).
+
+        The hot path of every primitive: plain try blocks rather than context
+        managers, since their generator frames cost as much as the rest of the
+        Python side of a call.
+        """
+        sql = pyformat(statement)
+        try:
+            conn, born = self._pool.checkout()
+            try:
+                return _fetch(conn.execute(sql, params))
+            finally:
+                self._pool.checkin(conn, born)
+        except _DRIVER_ERRORS as exc:
+            raise store_error(operation, exc, fields) from exc
+
+    def one(
+        self, operation: str, statement: sa.TextClause, params: Mapping[str, Any], **fields: Any
+    ) -> Row | None:
+        rows = self.rows(operation, statement, params, **fields)
+        return rows[0] if rows else None
+
+    @contextmanager
+    def transaction(self, operation: str, **fields: Any) -> Iterator[Transaction]:
+        """One READ COMMITTED transaction: committed when the block ends, rolled back
+        if it raises."""
+        with (
+            translated(operation, **fields),
+            self._pool.connection() as conn,
+            conn.transaction(),
+            conn.cursor() as cursor,
+        ):
+            yield Transaction(cursor)
+
+
+class StoreBase:
+    """What every part of ``Store`` shares: the database handle."""
+
+    _db: Database

@@ -1,0 +1,187 @@
+"""The turn journal slot and the stream segments: how far a run's turn got.
+
+Every write is one statement guarded by the attempt; a committed turn refuses
+every later write to it, from any attempt.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from turnkeeper.errors import InvalidInputError, SegmentConflictError
+from turnkeeper.store import queries as q
+from turnkeeper.store.database import StoreBase
+from turnkeeper.store.records import (
+    PHASE_PREDECESSORS,
+    Claim,
+    StreamSegment,
+    TurnJournal,
+    TurnPhase,
+    check_claim,
+    check_id,
+    check_optional_id,
+    check_phase,
+    to_json,
+)
+
+
+class JournalMixin(StoreBase):
+    """The per-run journal slot and its stored stream bytes."""
+
+    def begin_turn_journal(
+        self, claim: Claim, turn_index: int, turn_id: str, checkpoint_leaf_id: str | None
+    ) -> bool:
+        """Start a new turn in the run's slot (reset in place, revision + 1).
+
+        Refused for a stale attempt and for a turn index that is not past the current one.
+        """
+        check_claim(claim)
+        if isinstance(turn_index, bool) or not isinstance(turn_index, int) or turn_index < 0:
+            raise InvalidInputError(f"turn_index must be a non-negative integer: {turn_index!r}")
+        params = {
+            "run_id": claim.run_id,
+            "attempt_id": claim.attempt_id,
+            "turn_index": turn_index,
+            "turn_id": check_id(turn_id, "turn_id"),
+            "checkpoint_leaf_id": check_optional_id(checkpoint_leaf_id, "checkpoint_leaf_id"),
+        }
+        row = self._db.one("begin_turn_journal", q.BEGIN_JOURNAL, params, run_id=claim.run_id)
+        return row is not None
+
+    def update_turn_journal_phase(
+        self,
+        claim: Claim,
+        phase: TurnPhase | str,
+        *,
+        stream_key: str | None = None,
+        tool_request: Any = None,
+        checkpoint_leaf_id: str | None = None,
+    ) -> bool:
+        """Move the current turn forward one phase; absent options keep stored values."""
+        check_claim(claim)
+        target = check_phase(phase)
+        if target is TurnPhase.COMMITTED:
+            raise InvalidInputError(
+                "a turn is committed with commit_turn_journal", reason="use-commit"
+            )
+        if target is TurnPhase.BEFORE_PROVIDER:
+            raise InvalidInputError(
+                "before_provider starts a turn: use begin_turn_journal", reason="use-begin"
+            )
+        predecessors = PHASE_PREDECESSORS[target]
+        params = {
+            "run_id": claim.run_id,
+            "attempt_id": claim.attempt_id,
+            "phase": target.value,
+            "from_a": predecessors[0].value,
+            "from_b": predecessors[-1].value,
+            "stream_key": check_optional_id(stream_key, "stream_key"),
+            "tool_request": None if tool_request is None else to_json(tool_request, "tool_request"),
+            "checkpoint_leaf_id": check_optional_id(checkpoint_leaf_id, "checkpoint_leaf_id"),
+        }
+        row = self._db.one("update_turn_journal_phase", q.UPDATE_PHASE, params, run_id=claim.run_id)
+        return row is not None
+
+    def commit_turn_journal(self, claim: Claim, committed_leaf_id: str) -> bool:
+        """Commit the current turn; afterwards every write to that turn returns False."""
+        check_claim(claim)
+        params = {
+            "run_id": claim.run_id,
+            "attempt_id": claim.attempt_id,
+            "committed_leaf_id": check_id(committed_leaf_id, "committed_leaf_id"),
+        }
+        row = self._db.one("commit_turn_journal", q.COMMIT_JOURNAL, params, run_id=claim.run_id)
+        return row is not None
+
+    def mark_stream_consumed(self, claim: Claim, stream_key: str) -> bool:
+        """Record, once, that the turn's stream was read to its end."""
+        check_claim(claim)
+        params = {
+            "run_id": claim.run_id,
+            "attempt_id": claim.attempt_id,
+            "stream_key": check_id(stream_key, "stream_key"),
+        }
+        row = self._db.one(
+            "mark_stream_consumed", q.MARK_STREAM_CONSUMED, params, run_id=claim.run_id
+        )
+        return row is not None
+
+    def get_turn_journal(self, run_id: str) -> TurnJournal | None:
+        check_id(run_id, "run_id")
+        row = self._db.one("get_turn_journal", q.GET_JOURNAL, {"run_id": run_id}, run_id=run_id)
+        return None if row is None else TurnJournal.from_row(row)
+
+    def append_stream_segment(
+        self, claim: Claim, stream_key: str, byte_start: int, body: bytes
+    ) -> bool:
+        """Store journal bytes once, contiguously, fenced by the attempt.
+
+        True: stored. False: a stale attempt, or this exact segment was already
+        stored. SegmentConflictError: a different body at a stored offset, a gap,
+        or a stream key that belongs to another run.
+        """
+        check_claim(claim)
+        check_id(stream_key, "stream_key")
+        if isinstance(byte_start, bool) or not isinstance(byte_start, int) or byte_start < 0:
+            raise InvalidInputError(f"byte_start must be a non-negative integer: {byte_start!r}")
+        if not isinstance(body, bytes | bytearray | memoryview) or len(body) == 0:
+            raise InvalidInputError("body must be non-empty bytes")
+        data = bytes(body)
+        params = {
+            "run_id": claim.run_id,
+            "attempt_id": claim.attempt_id,
+            "stream_key": stream_key,
+            "byte_start": byte_start,
+            "byte_end": byte_start + len(data),
+            "body": data,
+        }
+        fields: dict[str, Any] = {
+            "run_id": claim.run_id,
+            "attempt_id": claim.attempt_id,
+            "stream_key": stream_key,
+        }
+        verdict = self._db.one("append_stream_segment", q.APPEND_SEGMENT, params, **fields)
+        assert verdict is not None  # noqa: S101 - the statement always returns one row
+        if verdict["inserted"]:
+            return True
+        if not verdict["owned"]:
+            return False
+        if verdict["other_run"]:
+            raise SegmentConflictError(
+                "the stream key belongs to another run", reason="foreign-stream", **fields
+            )
+        found = self._db.one("append_stream_segment", q.STORED_SEGMENT, params, **fields)
+        stored = None if found is None else found["body"]
+        if stored is not None:
+            if bytes(stored) == data:
+                return False
+            raise SegmentConflictError(
+                f"a different body is stored at byte {byte_start}",
+                reason="body-differs",
+                byte_start=byte_start,
+                **fields,
+            )
+        raise SegmentConflictError(
+            f"segment at byte {byte_start} does not continue the stream, which ends at "
+            f"byte {verdict['tip']}",
+            reason="not-contiguous",
+            byte_start=byte_start,
+            stream_end=verdict["tip"],
+            **fields,
+        )
+
+    def stream_segments(self, stream_key: str, from_byte: int = 0) -> list[StreamSegment]:
+        """The stored bytes from ``from_byte`` on, in order (the first segment trimmed)."""
+        check_id(stream_key, "stream_key")
+        if isinstance(from_byte, bool) or not isinstance(from_byte, int) or from_byte < 0:
+            raise InvalidInputError(f"from_byte must be a non-negative integer: {from_byte!r}")
+        rows = self._db.rows(
+            "stream_segments", q.STREAM_SEGMENTS, {"stream_key": stream_key, "from_byte": from_byte}
+        )
+        segments = []
+        for row in rows:
+            start, body = row["byte_start"], bytes(row["body"])
+            if start < from_byte:
+                body, start = body[from_byte - start :], from_byte
+            segments.append(StreamSegment(row["stream_key"], start, row["byte_end"], body))
+        return segments

@@ -1,0 +1,98 @@
+"""Reads and the reconciler's and reaper's primitives: listing, dispatch, retention."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from turnkeeper.store import queries as q
+from turnkeeper.store.database import StoreBase
+from turnkeeper.store.records import (
+    Run,
+    RunStatus,
+    check_id,
+    check_limit,
+    check_optional_id,
+    check_seconds,
+    check_status,
+)
+
+
+class MaintenanceMixin(StoreBase):
+    """Reads for operators and the periodic jobs that keep the store tidy."""
+
+    def database_now(self) -> datetime:
+        """The database clock, the only clock leases and deadlines follow."""
+        row = self._db.one("database_now", q.NOW, {})
+        assert row is not None  # noqa: S101 - SELECT now() always returns a row
+        return row["now"]  # type: ignore[no-any-return]
+
+    def get_run(self, run_id: str) -> Run | None:
+        check_id(run_id, "run_id")
+        row = self._db.one("get_run", q.GET_RUN, {"run_id": run_id}, run_id=run_id)
+        return None if row is None else Run.from_row(row)
+
+    def list_runs(
+        self,
+        *,
+        status: RunStatus | str | None = None,
+        session_id: str | None = None,
+        limit: int = 100,
+    ) -> list[Run]:
+        """Runs, newest admission first, optionally of one status and/or session."""
+        params = {
+            "status": None if status is None else check_status(status).value,
+            "session_id": check_optional_id(session_id, "session_id"),
+            "limit": check_limit(limit),
+        }
+        return [Run.from_row(r) for r in self._db.rows("list_runs", q.LIST_RUNS, params)]
+
+    def expired_runs(self, limit: int) -> list[Run]:
+        """Running runs whose lease expired on the database clock (a read, for operators).
+
+        To take them over, use ``reclaim_expired``, which locks with SKIP LOCKED.
+        """
+        rows = self._db.rows("expired_runs", q.EXPIRED_RUNS, {"limit": check_limit(limit)})
+        return [Run.from_row(r) for r in rows]
+
+    def stale_queued_runs(self, older_than: float, limit: int) -> list[Run]:
+        """Queued runs not dispatched (or admitted) within ``older_than`` seconds."""
+        params = {
+            "older_than": check_seconds(older_than, "older_than", allow_zero=True),
+            "limit": check_limit(limit),
+        }
+        return [
+            Run.from_row(r) for r in self._db.rows("stale_queued_runs", q.STALE_QUEUED_RUNS, params)
+        ]
+
+    def mark_dispatched(self, run_id: str) -> bool:
+        """Record that a task for this queued run was enqueued (now, on the DB clock)."""
+        check_id(run_id, "run_id")
+        return self._db.one("mark_dispatched", q.MARK_DISPATCHED, {"run_id": run_id}) is not None
+
+    def runs_to_reap(self, limit: int) -> list[Run]:
+        """Settled runs that still have a sandbox reference, oldest settled first."""
+        rows = self._db.rows("runs_to_reap", q.RUNS_TO_REAP, {"limit": check_limit(limit)})
+        return [Run.from_row(r) for r in rows]
+
+    def forget_sandbox(self, run_id: str) -> bool:
+        """Drop a settled run's sandbox reference once its sandbox is destroyed."""
+        check_id(run_id, "run_id")
+        return self._db.one("forget_sandbox", q.FORGET_SANDBOX, {"run_id": run_id}) is not None
+
+    def unsettled_sandbox_refs(self) -> list[Any]:
+        """The sandbox references of queued and running runs: what the reaper must keep."""
+        return [r["sandbox_ref"] for r in self._db.rows("unsettled", q.UNSETTLED_SANDBOX_REFS, {})]
+
+    def prune_settled(self, older_than: float, limit: int) -> int:
+        """Delete stream segments and journal slots of up to ``limit`` runs settled
+        more than ``older_than`` seconds ago; returns how many runs were pruned.
+
+        Run rows (idempotency) and transcript entries (the conversation) are kept.
+        """
+        params = {
+            "older_than": check_seconds(older_than, "older_than", allow_zero=True),
+            "limit": check_limit(limit),
+        }
+        row = self._db.one("prune_settled", q.PRUNE_SETTLED, params)
+        return int(row["count"]) if row is not None else 0

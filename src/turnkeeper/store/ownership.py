@@ -1,0 +1,204 @@
+"""Ownership: claims, leases, attempt handoffs, settlement, cancellation.
+
+Every owner write is fenced by the attempt id in the statement itself; a refusal
+is a ``False`` or ``None``, never an exception, because losing ownership is an
+expected outcome and never transient.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+import structlog
+
+from turnkeeper.errors import InvalidInputError, StoreError
+from turnkeeper.store import queries as q
+from turnkeeper.store.database import StoreBase
+from turnkeeper.store.records import (
+    Claim,
+    Run,
+    RunStatus,
+    check_claim,
+    check_id,
+    check_limit,
+    check_seconds,
+    check_status,
+    to_json,
+)
+
+log = structlog.get_logger(__name__)
+
+
+def _new_attempt_id() -> str:
+    return uuid.uuid4().hex
+
+
+class OwnershipMixin(StoreBase):
+    """Who owns a run, and how its ownership ends."""
+
+    def claim_run(self, run_id: str, owner: str, lease_ttl: float) -> Claim | None:
+        """Queued -> running under a new attempt, if this run is its session's head."""
+        check_id(run_id, "run_id")
+        check_id(owner, "owner")
+        ttl = check_seconds(lease_ttl, "lease_ttl")
+        params = {
+            "run_id": run_id,
+            "owner": owner,
+            "lease_ttl": ttl,
+            "attempt_id": _new_attempt_id(),
+        }
+        try:
+            row = self._db.one("claim_run", q.CLAIM_RUN, params, run_id=run_id)
+        except StoreError as exc:
+            # The one-running-run-per-session index is a safety net; hitting it is a refusal.
+            if isinstance(exc.__cause__, psycopg.IntegrityError):
+                return None
+            raise
+        if row is None:
+            return None
+        claim = Claim(row["run_id"], row["attempt_id"], row["epoch"])
+        log.info("run.claimed", run_id=run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
+        return claim
+
+    def renew_lease(self, claim: Claim, lease_ttl: float) -> bool:
+        """Extend the lease from the database clock; False means ownership is lost."""
+        check_claim(claim)
+        ttl = check_seconds(lease_ttl, "lease_ttl")
+        params = {"run_id": claim.run_id, "attempt_id": claim.attempt_id, "lease_ttl": ttl}
+        row = self._db.one("renew_lease", q.RENEW_LEASE, params, run_id=claim.run_id)
+        if row is None:
+            log.warning(
+                "lease.lost", run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch
+            )
+            return False
+        return True
+
+    def replace_turn_journal_attempt(
+        self,
+        run_id: str,
+        expected_attempt_id: str,
+        owner: str,
+        lease_ttl: float,
+        *,
+        only_if_expired: bool = True,
+    ) -> Claim | None:
+        """Hand a running run to a new attempt (epoch + 1) in one transaction.
+
+        Refused (None) unless the run is running under ``expected_attempt_id`` and,
+        with ``only_if_expired``, its lease has expired on the database clock.
+        """
+        check_id(run_id, "run_id")
+        check_id(expected_attempt_id, "attempt_id")
+        check_id(owner, "owner")
+        ttl = check_seconds(lease_ttl, "lease_ttl")
+        params = {
+            "run_id": run_id,
+            "expected_attempt_id": expected_attempt_id,
+            "new_attempt_id": _new_attempt_id(),
+            "owner": owner,
+            "lease_ttl": ttl,
+            "only_if_expired": bool(only_if_expired),
+        }
+        row = self._db.one("replace_turn_journal_attempt", q.REPLACE_ATTEMPT, params, run_id=run_id)
+        if row is None:
+            return None
+        claim = Claim(row["run_id"], row["attempt_id"], row["epoch"])
+        log.info(
+            "attempt.replaced",
+            run_id=run_id,
+            attempt_id=claim.attempt_id,
+            epoch=claim.epoch,
+            superseded=expected_attempt_id,
+        )
+        return claim
+
+    def reclaim_expired(self, owner: str, lease_ttl: float, limit: int) -> list[Claim]:
+        """Replace the attempts of up to ``limit`` expired running runs, in one transaction.
+
+        Rows are locked with SKIP LOCKED, so reconcilers running at once get disjoint
+        runs. Runs out of attempts, past their deadline or cancelled are left to
+        ``expire_exhausted``.
+        """
+        check_id(owner, "owner")
+        params = {
+            "owner": owner,
+            "lease_ttl": check_seconds(lease_ttl, "lease_ttl"),
+            "limit": check_limit(limit),
+        }
+        rows = self._db.rows("reclaim_expired", q.RECLAIM_EXPIRED, params)
+        claims = [Claim(r["run_id"], r["attempt_id"], r["epoch"]) for r in rows]
+        for claim in claims:
+            log.info(
+                "attempt.replaced",
+                run_id=claim.run_id,
+                attempt_id=claim.attempt_id,
+                epoch=claim.epoch,
+            )
+        return claims
+
+    def expire_exhausted(self, limit: int) -> list[Run]:
+        """Settle expired runs that may not be taken over, and queued runs past deadline.
+
+        Out of attempts or past the deadline: ``failed``; cancelled: ``aborted``.
+        The error column says why; the caller writes the error chunk to the log.
+        """
+        rows = self._db.rows("expire_exhausted", q.EXPIRE_EXHAUSTED, {"limit": check_limit(limit)})
+        runs = [Run.from_row(r) for r in rows]
+        for run in runs:
+            log.info("run.expired", run_id=run.run_id, status=run.status, error=run.error)
+        return runs
+
+    def settle_run(self, claim: Claim, status: RunStatus | str, error: Any = None) -> bool:
+        """Record a terminal status; the first one wins, a stale attempt changes nothing."""
+        check_claim(claim)
+        terminal = check_status(status)
+        if not terminal.is_terminal:
+            raise InvalidInputError(f"{terminal} is not a terminal status", reason="not-terminal")
+        params = {
+            "run_id": claim.run_id,
+            "attempt_id": claim.attempt_id,
+            "status": terminal.value,
+            "error": None if error is None else to_json(error, "error"),
+        }
+        row = self._db.one("settle_run", q.SETTLE_RUN, params, run_id=claim.run_id)
+        if row is None:
+            return False
+        log.info(
+            "run.settled",
+            run_id=claim.run_id,
+            attempt_id=claim.attempt_id,
+            epoch=claim.epoch,
+            status=terminal.value,
+        )
+        return True
+
+    def record_sandbox(self, claim: Claim, sandbox_ref: Mapping[str, Any]) -> bool:
+        """Remember where the run's sandbox lives, fenced by the attempt."""
+        check_claim(claim)
+        if not isinstance(sandbox_ref, Mapping):
+            raise InvalidInputError("sandbox_ref must be a mapping")
+        params = {
+            "run_id": claim.run_id,
+            "attempt_id": claim.attempt_id,
+            "sandbox_ref": to_json(dict(sandbox_ref), "sandbox_ref"),
+        }
+        return (
+            self._db.one("record_sandbox", q.RECORD_SANDBOX, params, run_id=claim.run_id)
+            is not None
+        )
+
+    def request_cancel(self, run_id: str) -> Run | None:
+        """A queued run is aborted at once; a running one is flagged for its owner.
+
+        Returns the run as it is now, or None for an unknown or already settled run.
+        """
+        check_id(run_id, "run_id")
+        row = self._db.one("request_cancel", q.REQUEST_CANCEL, {"run_id": run_id}, run_id=run_id)
+        if row is None:
+            return None
+        run = Run.from_row(row)
+        log.info("run.cancel_requested", run_id=run_id, status=run.status)
+        return run

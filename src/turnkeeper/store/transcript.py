@@ -1,0 +1,144 @@
+"""The transcript tree: entries and the session leaf, moved together.
+
+An append is one transaction fenced by the attempt and by a compare-and-set on
+the leaf; deterministic entry ids make a replayed append a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from turnkeeper.errors import InvalidInputError, TranscriptConflictError
+from turnkeeper.store import queries as q
+from turnkeeper.store.database import StoreBase
+from turnkeeper.store.records import (
+    Claim,
+    NewEntry,
+    TranscriptEntry,
+    check_claim,
+    check_id,
+    check_optional_id,
+    to_json,
+)
+
+
+class _EntryIdTakenError(Exception):
+    """Internal: an entry id of the chain exists; the transaction must roll back."""
+
+
+class TranscriptMixin(StoreBase):
+    """Append to, branch and read a session's transcript."""
+
+    def append_transcript(
+        self,
+        claim: Claim,
+        session_id: str,
+        entries: Sequence[NewEntry],
+        expected_leaf: str | None,
+    ) -> str | None:
+        """Append a chain of entries under ``expected_leaf`` and move the leaf to its end.
+
+        One transaction, fenced by the attempt and by a compare-and-set on the leaf.
+        Returns the new leaf; None for a stale attempt. A replay of an append that
+        already happened returns its leaf and writes nothing; a moved leaf raises
+        TranscriptConflictError (re-read and retry).
+        """
+        check_claim(claim)
+        check_id(session_id, "session_id")
+        check_optional_id(expected_leaf, "expected_leaf")
+        chain = self._chain(entries, expected_leaf)
+        new_leaf = chain[-1]["entry_id"]
+        params = {
+            "run_id": claim.run_id,
+            "attempt_id": claim.attempt_id,
+            "session_id": session_id,
+            "expected_leaf": expected_leaf,
+            "leaf_id": new_leaf,
+            "entries": json.dumps(chain, ensure_ascii=False),
+            "entry_ids": json.dumps([e["entry_id"] for e in chain], ensure_ascii=False),
+        }
+        fields: dict[str, Any] = {
+            "run_id": claim.run_id,
+            "attempt_id": claim.attempt_id,
+            "session_id": session_id,
+        }
+        try:
+            with self._db.transaction("append_transcript", **fields) as tx:
+                if tx.one(q.FENCE_WRITER, params) is None:
+                    return None
+                if tx.one(q.MOVE_LEAF, params) is not None:
+                    inserted = tx.rows(q.INSERT_ENTRIES, params)
+                    if len(inserted) == len(chain):
+                        return str(new_leaf)
+                    raise _EntryIdTakenError  # noqa: TRY301 - rolls the leaf move back
+        except _EntryIdTakenError:
+            pass
+        with self._db.transaction("append_transcript", **fields) as tx:
+            stored = {r["entry_id"]: r for r in tx.rows(q.STORED_ENTRIES, params)}
+            current = tx.scalar(q.CURRENT_LEAF, params)
+        if all(
+            (s := stored.get(e["entry_id"])) is not None
+            and (s["parent_id"], s["kind"], s["body"]) == (e["parent_id"], e["kind"], e["body"])
+            for e in chain
+        ):
+            return str(new_leaf)
+        if stored:
+            raise TranscriptConflictError(
+                "an entry id is already used by a different entry",
+                reason="entry-id-taken",
+                current_leaf=current,
+                **fields,
+            )
+        raise TranscriptConflictError(
+            f"the leaf is {current!r}, not {expected_leaf!r}",
+            reason="leaf-moved",
+            current_leaf=current,
+            **fields,
+        )
+
+    @staticmethod
+    def _chain(entries: Sequence[NewEntry], expected_leaf: str | None) -> list[dict[str, Any]]:
+        if isinstance(entries, NewEntry) or not entries:
+            raise InvalidInputError("entries must be a non-empty sequence of NewEntry")
+        chain: list[dict[str, Any]] = []
+        parent = expected_leaf
+        seen: set[str] = set()
+        for ordinal, entry in enumerate(entries):
+            if not isinstance(entry, NewEntry):
+                raise InvalidInputError("entries must be NewEntry values")
+            check_id(entry.entry_id, "entry_id")
+            check_id(entry.kind, "kind")
+            if entry.entry_id in seen or entry.entry_id == expected_leaf:
+                raise InvalidInputError(f"entry id {entry.entry_id!r} repeats in the chain")
+            seen.add(entry.entry_id)
+            body = json.loads(to_json(entry.body, "entry body"))
+            chain.append(
+                {
+                    "ord": ordinal,
+                    "entry_id": entry.entry_id,
+                    "parent_id": parent,
+                    "kind": entry.kind,
+                    "body": body,
+                }
+            )
+            parent = entry.entry_id
+        return chain
+
+    def set_leaf(self, claim: Claim, session_id: str, entry_id: str) -> bool:
+        """Point the session's leaf at an existing entry (a branch), fenced by the attempt."""
+        check_claim(claim)
+        params = {
+            "run_id": claim.run_id,
+            "attempt_id": claim.attempt_id,
+            "session_id": check_id(session_id, "session_id"),
+            "entry_id": check_id(entry_id, "entry_id"),
+        }
+        return self._db.one("set_leaf", q.SET_LEAF, params, run_id=claim.run_id) is not None
+
+    def active_path(self, session_id: str) -> list[TranscriptEntry]:
+        """The entries from the root to the session's leaf."""
+        check_id(session_id, "session_id")
+        rows = self._db.rows("active_path", q.ACTIVE_PATH, {"session_id": session_id})
+        return [TranscriptEntry.from_row(r) for r in rows]

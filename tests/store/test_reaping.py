@@ -1,0 +1,83 @@
+"""Contract tests: the reaper's primitives (runs_to_reap, forget_sandbox,
+unsettled_sandbox_refs), including every refusal path."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.store.conftest import admit, claimed
+from turnkeeper.errors import InvalidInputError
+from turnkeeper.store import Claim, Store
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"provider": "local", "path": f"/sandboxes/{name}"}
+
+
+def test_runs_to_reap_lists_settled_runs_with_a_sandbox_oldest_settled_first(
+    store: Store,
+) -> None:
+    claims = {name: claimed(store, name, f"s-{name}") for name in ("a", "b", "c", "d", "e")}
+    for name, claim in claims.items():
+        if name != "e":  # e keeps no sandbox reference
+            assert store.record_sandbox(claim, _ref(name))
+    admit(store, "q", "s-q")  # queued: never reaped
+    # Settle out of name order, a moment apart, so finished_at orders them b, d, a.
+    for name, status in (("b", "completed"), ("d", "failed"), ("a", "aborted")):
+        assert store.settle_run(claims[name], status)
+        time.sleep(0.01)
+    assert store.settle_run(claims["e"], "completed")
+    # c is still running: its sandbox must be kept.
+    assert [(r.run_id, r.sandbox_ref) for r in store.runs_to_reap(10)] == [
+        ("b", _ref("b")),
+        ("d", _ref("d")),
+        ("a", _ref("a")),
+    ]
+    assert [r.run_id for r in store.runs_to_reap(2)] == ["b", "d"]
+
+
+def test_forget_sandbox_drops_the_reference_of_settled_runs_only(store: Store) -> None:
+    settled = claimed(store, "done", "s1")
+    running = claimed(store, "busy", "s2")
+    assert store.record_sandbox(settled, _ref("done"))
+    assert store.record_sandbox(running, _ref("busy"))
+    assert store.settle_run(settled, "completed")
+    assert not store.forget_sandbox("busy")  # running: refused, reference kept
+    assert not store.forget_sandbox("unknown")
+    assert store.get_run("busy").sandbox_ref == _ref("busy")  # type: ignore[union-attr]
+    assert store.forget_sandbox("done")
+    assert store.get_run("done").sandbox_ref is None  # type: ignore[union-attr]
+    assert store.runs_to_reap(10) == []
+    # Forgetting twice changes nothing more and still says the run is settled.
+    assert store.forget_sandbox("done")
+    assert store.get_run("done").status == "completed"  # type: ignore[union-attr]
+
+
+def test_unsettled_sandbox_refs_are_what_the_reaper_must_keep(store: Store) -> None:
+    assert store.unsettled_sandbox_refs() == []
+    first = claimed(store, "r1", "s1")
+    second = claimed(store, "r2", "s2")
+    claimed(store, "r3", "s3")  # running without a sandbox reference
+    admit(store, "q", "s4")  # queued without one
+    assert store.record_sandbox(first, _ref("r1"))
+    assert store.record_sandbox(second, _ref("r2"))
+    assert sorted(store.unsettled_sandbox_refs(), key=str) == [_ref("r1"), _ref("r2")]
+    assert store.settle_run(first, "completed")
+    assert store.unsettled_sandbox_refs() == [_ref("r2")]
+    # A stale attempt cannot move the reference the reaper relies on.
+    assert not store.record_sandbox(Claim("r2", "stale", 1), _ref("elsewhere"))
+    assert store.unsettled_sandbox_refs() == [_ref("r2")]
+
+
+@pytest.mark.parametrize("limit", [0, -1, True, 1.5, "3"])
+def test_runs_to_reap_refuses_bad_limits_before_any_sql(store: Store, limit: object) -> None:
+    with pytest.raises(InvalidInputError):
+        store.runs_to_reap(limit)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("run_id", ["", "x" * 256, "a\x00b", 7, None])
+def test_forget_sandbox_refuses_bad_run_ids(store: Store, run_id: object) -> None:
+    with pytest.raises(InvalidInputError):
+        store.forget_sandbox(run_id)  # type: ignore[arg-type]
