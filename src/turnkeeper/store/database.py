@@ -1,7 +1,7 @@
 """How the store talks to PostgreSQL: pooled statements, transactions, error translation.
 
 The statements themselves are SQLAlchemy ``text()`` clauses named in ``queries``;
-they run on pooled psycopg connections in psycopg's parameter style, because
+they run on psycopg connections from psycopg_pool, in psycopg's parameter style, because
 SQLAlchemy's per-call bookkeeping was most of the store's overhead on top of the
 round trip (bench/store_cycle.py). Single statements run in autocommit (no
 BEGIN/COMMIT round trips); the few multi-statement primitives run in a READ
@@ -11,6 +11,7 @@ a ``StoreUnavailableError`` (retryable), any other driver failure a ``StoreError
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -18,7 +19,8 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 from psycopg import pq
-from psycopg.rows import DictRow
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import ConnectionPool
 
 from turnkeeper.config import plain_postgres_url
 from turnkeeper.errors import (
@@ -26,11 +28,14 @@ from turnkeeper.errors import (
     StoreError,
     StoreUnavailableError,
 )
-from turnkeeper.store.pool import ConnectionPool, PoolTimeoutError
 from turnkeeper.store.queries import pyformat
 
-_UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeoutError)
-_DRIVER_ERRORS = (psycopg.Error, PoolTimeoutError)
+# psycopg_pool's PoolTimeout and PoolClosed are OperationalErrors too.
+_UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError)
+_DRIVER_ERRORS = (psycopg.Error,)
+_POOL_TIMEOUT = 30.0
+_RECYCLE = 1800.0
+_CONNECT_TIMEOUT = 10
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
 
 Row = dict[str, Any]
@@ -97,30 +102,57 @@ class Transaction:
 
 
 class Database:
-    """The pool and the two ways to run SQL on it: one statement, or one transaction."""
+    """The pool and the two ways to run SQL on it: one statement, or one transaction.
+
+    Connections are autocommit, return dict rows, open lazily up to ``pool_size``
+    and are recycled after half an hour; psycopg_pool discards one that broke.
+    ``close`` is like an engine's dispose: a later call opens a fresh pool.
+    """
 
     def __init__(self, database_url: str, *, pool_size: int) -> None:
-        self._pool = ConnectionPool(plain_postgres_url(database_url), size=pool_size)
+        self._conninfo = plain_postgres_url(database_url)
+        self._size = pool_size
+        self._pool: ConnectionPool[psycopg.Connection[DictRow]] | None = None
+        self._lock = threading.Lock()
+
+    def _open_pool(self) -> ConnectionPool[psycopg.Connection[DictRow]]:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ConnectionPool(
+                    self._conninfo,
+                    connection_class=psycopg.Connection[DictRow],
+                    kwargs={
+                        "autocommit": True,
+                        "row_factory": dict_row,
+                        "connect_timeout": _CONNECT_TIMEOUT,
+                    },
+                    min_size=0,
+                    max_size=self._size,
+                    timeout=_POOL_TIMEOUT,
+                    max_lifetime=_RECYCLE,
+                    name="turnkeeper-store",
+                    open=True,
+                )
+            return self._pool
 
     def close(self) -> None:
-        self._pool.close()
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[DictRow]]:
+        with (self._pool or self._open_pool()).connection() as conn:
+            yield conn
 
     def rows(
         self, operation: str, statement: sa.TextClause, params: Mapping[str, Any], **fields: Any
     ) -> list[Row]:
-        """Run one autocommit statement; its rows (none for a statement without any).
-
-        The hot path of every primitive: plain try blocks rather than context
-        managers, since their generator frames cost as much as the rest of the
-        Python side of a call.
-        """
-        sql = pyformat(statement)
+        """Run one autocommit statement; its rows (none for a statement without any)."""
         try:
-            conn, born = self._pool.checkout()
-            try:
-                return _fetch(conn.execute(sql, params))
-            finally:
-                self._pool.checkin(conn, born)
+            with self._connection() as conn:
+                return _fetch(conn.execute(pyformat(statement), params))
         except _DRIVER_ERRORS as exc:
             raise store_error(operation, exc, fields) from exc
 
@@ -136,7 +168,7 @@ class Database:
         if it raises."""
         with (
             translated(operation, **fields),
-            self._pool.connection() as conn,
+            self._connection() as conn,
             conn.transaction(),
             conn.cursor() as cursor,
         ):
