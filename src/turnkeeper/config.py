@@ -103,6 +103,14 @@ class Settings(BaseSettings):
     journal_poll_interval: float = Field(default=0.25, gt=0)
     orphan_ttl: float = Field(default=3600.0, gt=0, description="Age of an unowned journal.")
 
+    # The ssh provider's host (sandboxes live under ssh_root there).
+    ssh_host: str | None = None
+    ssh_port: int = Field(default=22, ge=1, le=65535)
+    ssh_user: str = "root"
+    ssh_root: str = Field(default="/var/lib/turnkeeper/sandboxes", pattern=r"^/")
+    ssh_identity_file: Path | None = None
+    ssh_known_hosts_file: Path | None = None
+
     # Retention.
     log_retention: float = Field(
         default=86400.0, gt=0, description="How long a closed run log stays readable."

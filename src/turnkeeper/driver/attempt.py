@@ -404,8 +404,9 @@ class Attempt:
             env=dict(self.spec.env), journal_max_bytes=self.settings.journal_max_bytes
         )
         ref = self.provider.create(self.claim.run_id, spec)
+        # Recorded with the first journal, before anything runs in it; a crash before
+        # that leaves an empty orphan for the reaper.
         self.placement = Placement(ref, list(self.placement.journals))
-        self._record_placement()
         sandbox = self.provider.resume(ref)
         assert sandbox is not None  # noqa: S101 - just created
         return sandbox

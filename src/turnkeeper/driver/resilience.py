@@ -32,7 +32,7 @@ def retry_policy(budget: float) -> Retrying:
     return Retrying(
         retry=retry_if_exception_type(ServiceError),
         stop=stop_after_delay(budget),
-        wait=wait_exponential_jitter(initial=0.05, max=2.0),
+        wait=wait_exponential_jitter(multiplier=0.05, max=2.0),
         reraise=True,
         before_sleep=lambda state: log.warning(
             "service.retrying",
@@ -47,13 +47,13 @@ class Resilient(Generic[T]):
 
     def __init__(self, target: T, budget: float) -> None:
         self._target = target
-        self._budget = budget
+        self._policy = retry_policy(budget)  # reusable: its state is per call and thread
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._target, name)
         if not callable(attribute):
             return attribute
-        policy = retry_policy(self._budget)
+        policy = self._policy
 
         def call(*args: Any, **kwargs: Any) -> Any:
             return policy(attribute, *args, **kwargs)
