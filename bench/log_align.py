@@ -24,6 +24,7 @@ import redis
 
 from turnkeeper.agents import translator_for
 from turnkeeper.log import Aligner, RunLog
+from turnkeeper.logconfig import configure_logging
 
 EXTRA_LINES = 1_000
 RUN_ID = "align-bench"
@@ -84,6 +85,7 @@ def timed(fn: object, *args: object) -> tuple[float, int]:
 
 
 def main() -> None:
+    configure_logging("WARNING")
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
         "--url", default=os.environ.get("TURNKEEPER_REDIS_URL", "redis://127.0.0.1:6379/0")

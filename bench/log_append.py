@@ -22,6 +22,7 @@ import redis
 
 from turnkeeper.chunks import Chunk, encode_chunk
 from turnkeeper.log import RunLog
+from turnkeeper.logconfig import configure_logging
 
 
 def make_chunks(count: int) -> list[Chunk]:
@@ -97,6 +98,7 @@ def measure_batch(
 
 
 def main() -> None:
+    configure_logging("WARNING")
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
         "--url", default=os.environ.get("TURNKEEPER_REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -19,7 +19,9 @@ Two queues, so that control work never waits behind turns: ``<ns>.turns`` (long
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from celery import Celery
@@ -91,12 +93,6 @@ def create_app(settings: Settings) -> Celery:
 
 
 def _register_tasks(app: Celery, settings: Settings) -> None:
-    def enqueue_takeover(run_id: str, attempt_id: str, epoch: int) -> None:
-        app.send_task(TAKEOVER, args=[run_id, attempt_id, epoch], queue=turns_queue(settings))
-
-    def enqueue_run(run_id: str) -> None:
-        app.send_task(RUN_TURN, args=[run_id], queue=turns_queue(settings))
-
     @app.task(name=RUN_TURN)
     def run_turn(run_id: str) -> None:
         driver.run_turn(runtime_for(settings), run_id)
@@ -107,9 +103,7 @@ def _register_tasks(app: Celery, settings: Settings) -> None:
 
     @app.task(name=RECONCILE)
     def reconcile() -> None:
-        reconciler.reconcile(
-            runtime_for(settings), enqueue_takeover=enqueue_takeover, enqueue_run=enqueue_run
-        )
+        reconciler.reconcile(runtime_for(settings), **enqueuers(app, settings))
 
     @app.task(name=REAP)
     def reap() -> None:
@@ -131,3 +125,18 @@ def _register_tasks(app: Celery, settings: Settings) -> None:
 def enqueue_run(app: Celery, settings: Settings, run_id: str) -> None:
     """Trigger ``run_turn`` for an admitted run (losing this message loses nothing)."""
     app.send_task(RUN_TURN, args=[run_id], queue=turns_queue(settings))
+
+
+def enqueue_takeover(
+    app: Celery, settings: Settings, run_id: str, attempt_id: str, epoch: int
+) -> None:
+    """Trigger ``takeover`` for a run the reconciler handed to ``attempt_id``."""
+    app.send_task(TAKEOVER, args=[run_id, attempt_id, epoch], queue=turns_queue(settings))
+
+
+def enqueuers(app: Celery, settings: Settings) -> dict[str, Callable[..., None]]:
+    """The reconciler's two triggers, bound to ``app``."""
+    return {
+        "enqueue_takeover": partial(enqueue_takeover, app, settings),
+        "enqueue_run": partial(enqueue_run, app, settings),
+    }

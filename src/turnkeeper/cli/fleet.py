@@ -16,7 +16,7 @@ import typer
 from turnkeeper import reconciler
 from turnkeeper.cli.context import console, services, settings_from_env
 from turnkeeper.config import Settings
-from turnkeeper.tasks import control_queue, create_app, enqueue_run, turns_queue
+from turnkeeper.tasks import control_queue, create_app, enqueuers, turns_queue
 from turnkeeper.workers.runtime import WorkerRuntime
 
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -62,66 +62,50 @@ def beat(ctx: typer.Context) -> None:
         app.worker_main(["worker", "-B", *_celery_argv(defaults, list(ctx.args))])
 
 
-def _sweep_loop(name: str, once: bool, interval: float, sweep: Callable[[], object]) -> None:
-    while True:
-        result = sweep()
-        console.print(f"{name}: {result}", highlight=False)
-        if once:
-            return
-        time.sleep(interval)
+Once = Annotated[bool, typer.Option("--once", help="One sweep, then exit.")]
 
 
-def reconcile(
-    once: Annotated[bool, typer.Option("--once", help="One sweep, then exit.")] = False,
+def _sweep(
+    name: str,
+    once: bool,
+    interval: Callable[[Settings], float],
+    sweep: Callable[[WorkerRuntime, Settings], object],
 ) -> None:
+    """Run a sweep now and then every ``interval`` (or once), printing what it did."""
+    settings = settings_from_env()
+    with services(settings, start=False) as resolved:
+        rt = WorkerRuntime.open(resolved)
+        try:
+            while True:
+                report = sweep(rt, resolved)
+                fields = getattr(report, "__dict__", None)
+                shown = " ".join(f"{k}={v}" for k, v in fields.items()) if fields else report
+                console.print(f"{name}: {shown}", highlight=False)
+                if once:
+                    return
+                time.sleep(interval(resolved))
+        finally:
+            rt.close()
+
+
+def reconcile(once: Once = False) -> None:
     """Hand runs with expired leases to new attempts; fail exhausted ones; requeue lost ones."""
-    settings = settings_from_env()
-    with services(settings, start=False) as resolved:
-        rt = WorkerRuntime.open(resolved)
-        app = create_app(resolved)
-
-        def takeover(run_id: str, attempt_id: str, epoch: int) -> None:
-            app.send_task(
-                "turnkeeper.takeover", args=[run_id, attempt_id, epoch], queue=turns_queue(resolved)
-            )
-
-        def sweep() -> object:
-            return reconciler.reconcile(
-                rt,
-                enqueue_takeover=takeover,
-                enqueue_run=lambda run_id: enqueue_run(app, resolved, run_id),
-            )
-
-        try:
-            _sweep_loop("reconcile", once, resolved.reconcile_interval, sweep)
-        finally:
-            rt.close()
+    _sweep(
+        "reconcile",
+        once,
+        lambda s: s.reconcile_interval,
+        lambda rt, s: reconciler.reconcile(rt, **enqueuers(create_app(s), s)),
+    )
 
 
-def reap(
-    once: Annotated[bool, typer.Option("--once", help="One sweep, then exit.")] = False,
-) -> None:
+def reap(once: Once = False) -> None:
     """Destroy sandboxes of settled runs and orphans past their TTL."""
-    settings = settings_from_env()
-    with services(settings, start=False) as resolved:
-        rt = WorkerRuntime.open(resolved)
-        try:
-            _sweep_loop("reap", once, resolved.reap_interval, lambda: reconciler.reap(rt))
-        finally:
-            rt.close()
+    _sweep("reap", once, lambda s: s.reap_interval, lambda rt, _: reconciler.reap(rt))
 
 
-def prune(
-    once: Annotated[bool, typer.Option("--once", help="One sweep, then exit.")] = False,
-) -> None:
+def prune(once: Once = False) -> None:
     """Delete segments and journal slots of runs settled long ago."""
-    settings = settings_from_env()
-    with services(settings, start=False) as resolved:
-        rt = WorkerRuntime.open(resolved)
-        try:
-            _sweep_loop("prune", once, resolved.prune_interval, lambda: reconciler.prune(rt))
-        finally:
-            rt.close()
+    _sweep("prune", once, lambda s: s.prune_interval, lambda rt, _: reconciler.prune(rt))
 
 
 def start_fleet(settings: Settings, *, workers: int = 1) -> list[subprocess.Popen[bytes]]:
@@ -133,6 +117,7 @@ def start_fleet(settings: Settings, *, workers: int = 1) -> list[subprocess.Pope
         TURNKEEPER_DATA_DIR=str(settings.data_dir.resolve()),
     )
     command = [sys.executable, "-m", "turnkeeper"]
+
     # Their banners and logs go to stderr: stdout belongs to the command that started them.
     def start(*args: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen(

@@ -16,7 +16,8 @@ was taken away: ``OwnershipLostError``, and nothing more is written.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import structlog
 
@@ -107,27 +108,24 @@ class RunOutput:
         if not fresh:
             return
         self.check_ownership()
-        try:
+        with self._fenced():
             self.run_log.append(
                 self.claim.run_id, self.claim.epoch, fresh[0][0], [chunk for _, chunk in fresh]
             )
-        except LogFencedError as exc:
-            self.lost.set()
-            raise OwnershipLostError(
-                "a later attempt fenced the run log",
-                run_id=self.claim.run_id,
-                attempt_id=self.claim.attempt_id,
-                epoch=self.claim.epoch,
-                reason="log-fenced",
-            ) from exc
         self.appended += len(fresh)
 
     def close(self) -> None:
         """Everything replayed must have matched; then the log is closed for good."""
         self.aligner.finish()
         self.check_ownership()
-        try:
+        with self._fenced():
             self.run_log.close(self.claim.run_id, self.claim.epoch)
+
+    @contextmanager
+    def _fenced(self) -> Iterator[None]:
+        """A log write refused for its epoch: the run belongs to a later attempt now."""
+        try:
+            yield
         except LogFencedError as exc:
             self.lost.set()
             raise OwnershipLostError(
