@@ -43,8 +43,8 @@ def main() -> None:
         ("clean stop", stop),
     ]:
         print(
-            f"{name:<24} median {statistics.median(values):6.2f}s  "
-            f"min {min(values):6.2f}s  max {max(values):6.2f}s"
+            f"{name:<24} median {statistics.median(values) * 1000:7.1f} ms  "
+            f"min {min(values) * 1000:7.1f} ms  max {max(values) * 1000:7.1f} ms"
         )
 
 
