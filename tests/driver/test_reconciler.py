@@ -130,3 +130,20 @@ def test_cancel_of_a_queued_run_ends_its_log(fleet: Fleet) -> None:
     assert list(fleet.client.events(run.run_id)) == [
         (1, {"type": "RUN_ERROR", "message": "the run was cancelled", "code": "cancelled"})
     ]
+
+
+def test_a_live_run_past_its_deadline_is_stopped(fleet: Fleet) -> None:
+    fleet.start_worker()
+    slow = {**AGENT, "turns": 8, "pace": 0.2}
+    run = fleet.client.submit(slow, PROMPT, timeout=2.0)
+    done = fleet.wait_settled(run.run_id)
+    assert done.status is RunStatus.FAILED
+    assert done.error == {"reason": "deadline-exceeded", "message": "the run passed its deadline"}
+    chunks = [chunk for _, chunk in fleet.log_of(run.run_id)]
+    assert chunks[0]["type"] == "RUN_STARTED"
+    assert chunks[-1] == {
+        "type": "RUN_ERROR",
+        "message": "the run passed its deadline",
+        "code": "deadline-exceeded",
+    }
+    assert fleet.client.log.state(run.run_id).closed

@@ -57,6 +57,7 @@ log = structlog.get_logger(__name__)
 
 _WAKE = 0.25
 Line = tuple[bytes, int]
+_DEADLINE = "the run passed its deadline"
 _SANDBOX_LOST = "the sandbox was lost mid-run and this agent cannot continue"
 _JOURNAL_FAILURES = {
     "agent-vanished": "the agent process ended without an exit sentinel",
@@ -213,18 +214,19 @@ class Attempt:
             {"reason": "sandbox-lost"},
         )
 
-    def _abort(self) -> None:
-        """Cancelled: stop the agent, end the log with one final chunk, settle aborted."""
+    def _abort(
+        self,
+        final: Chunk | None = None,
+        status: RunStatus = RunStatus.ABORTED,
+        error: Any = None,
+    ) -> None:
+        """Stop the agent, end the log with one final chunk, settle: a cancel by default,
+        or a deadline passed."""
         if self.placement.sandbox is not None:
             self.provider.destroy(self.placement.sandbox)
         self.output.check_ownership()
-        end_log(
-            self.run_log,
-            self.claim.run_id,
-            self.claim.epoch,
-            lifecycle.cancelled(),
-        )
-        self._settle(RunStatus.ABORTED, {"reason": "cancelled"})
+        end_log(self.run_log, self.claim.run_id, self.claim.epoch, final or lifecycle.cancelled())
+        self._settle(status, error or {"reason": "cancelled"})
 
     # --- journals ---------------------------------------------------------------------
 
@@ -258,6 +260,15 @@ class Attempt:
                 if self.keeper.cancelled.is_set():
                     feed.stop()
                     self._abort()
+                    return
+                if self.keeper.past_deadline.is_set():
+                    feed.stop()
+                    reason = {"reason": "deadline-exceeded", "message": _DEADLINE}
+                    self._abort(
+                        lifecycle.run_error(_DEADLINE, "deadline-exceeded"),
+                        RunStatus.FAILED,
+                        reason,
+                    )
                     return
                 self.output.check_ownership()
                 batch = feed.next_batch(_WAKE)

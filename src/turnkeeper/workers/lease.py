@@ -2,15 +2,17 @@
 
 A thread per driven run. It renews every ``heartbeat_interval`` on the database
 clock; when a renewal is refused, ownership is gone and ``lost`` is set at once,
-so the driver stops writing. Transient database errors are retried until the
-lease would have run out; after that the lease is treated as lost (someone else
-may own the run by then). Each beat also reads the run's cancel flag.
+so the driver stops writing. Each beat also reads the run: a cancel request sets
+``cancelled``, a deadline passed (on the database clock) sets ``past_deadline``.
+Transient database errors are retried until the lease would have run out; after
+that the lease is treated as lost (someone else may own the run by then).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 
 import structlog
 
@@ -29,6 +31,7 @@ class LeaseKeeper:
         self.interval = interval
         self.lost = threading.Event()
         self.cancelled = threading.Event()
+        self.past_deadline = threading.Event()
         self.changed = threading.Event()
         """Set with ``lost`` or ``cancelled``, so a waiting driver wakes up."""
         self.renewals = 0
@@ -68,12 +71,23 @@ class LeaseKeeper:
         self._retrying = False
         self.renewals += 1
         self._last_renewed = time.monotonic()
-        if run is not None and run.cancel_requested_at is not None:
+        if run is None:
+            return
+        if run.cancel_requested_at is not None:
             self._mark(self.cancelled)
+        # The renewal just set the lease to the database's now() + ttl: the deadline is
+        # compared on the database clock, never this worker's.
+        if (
+            run.deadline is not None
+            and run.lease_expires_at is not None
+            and run.deadline <= run.lease_expires_at - timedelta(seconds=self.lease_ttl)
+        ):
+            self._mark(self.past_deadline)
 
     def _mark(self, event: threading.Event) -> None:
         if not event.is_set():
-            self._log.info("lease.lost" if event is self.lost else "run.cancel_noticed")
+            names = {id(self.lost): "lease.lost", id(self.cancelled): "run.cancel_noticed"}
+            self._log.info(names.get(id(event), "run.deadline_passed"))
         event.set()
         self.changed.set()
 
