@@ -38,6 +38,7 @@ class ReconcileReport:
 class ReapReport:
     destroyed: int
     orphans: int
+    logs_ended: int
 
 
 def reconcile(
@@ -96,9 +97,26 @@ def reap(rt: WorkerRuntime) -> ReapReport:
         except TurnkeeperError as exc:
             log.warning("reap.failed", run_id=run.run_id, error=str(exc))
     orphans = _reap_orphans(rt)
-    if destroyed or orphans:
-        log.info("reap.done", destroyed=destroyed, orphans=orphans)
-    return ReapReport(destroyed, orphans)
+    logs_ended = _end_open_logs(rt)
+    report = ReapReport(destroyed, orphans, logs_ended)
+    if destroyed or orphans or logs_ended:
+        log.info("reap.done", **report.__dict__)
+    return report
+
+
+def _end_open_logs(rt: WorkerRuntime) -> int:
+    """Close the logs of recently settled runs that a crash left open (a run settled by
+    the reconciler or a cancel, whose process died before it closed the log), so that
+    no follower waits forever. Only runs settled well within the log's retention are
+    looked at: an older log may have expired, and must not be recreated."""
+    within = min(3600.0, rt.settings.log_retention / 2)
+    ended = 0
+    for run in rt.store.recently_settled(within, 500):
+        state = rt.log.state(run.run_id)
+        if not state.closed:
+            end_run_log(rt, run)
+            ended += 1
+    return ended
 
 
 def prune(rt: WorkerRuntime) -> int:

@@ -147,3 +147,20 @@ def test_a_live_run_past_its_deadline_is_stopped(fleet: Fleet) -> None:
         "code": "deadline-exceeded",
     }
     assert fleet.client.log.state(run.run_id).closed
+
+
+def test_reap_ends_the_open_log_of_a_settled_run(runtime: WorkerRuntime) -> None:
+    """A run settled while its log stayed open (its closer died) gets its log ended."""
+    _expired_run(runtime, "open-1")
+    run = runtime.store.get_run("open-1")
+    assert run is not None
+    claim = runtime.store.replace_turn_journal_attempt("open-1", str(run.attempt_id), "x", 5)
+    assert claim is not None
+    error = {"reason": "agent-exit", "message": "the agent exited with code 3"}
+    assert runtime.store.settle_run(claim, RunStatus.FAILED, error)
+    report = reconciler.reap(runtime)
+    assert report.logs_ended == 1
+    chunks = [chunk for _, chunk in runtime.log.snapshot("open-1")]
+    assert chunks[-1] == {"type": "RUN_ERROR", "message": error["message"], "code": "agent-exit"}
+    assert runtime.log.state("open-1").closed
+    assert reconciler.reap(runtime).logs_ended == 0

@@ -122,3 +122,28 @@ def test_an_agent_that_cannot_continue_fails_with_the_reason(fleet: Fleet, tmp_p
     assert [c.get("name") for c in chunks].count(INTERRUPTED) == 1
     texts = [c["delta"] for c in chunks if c["type"] == "TEXT_MESSAGE_CONTENT"]
     assert texts == [f"line {i}\n" for i in range(1, len(texts) + 1)], "a prefix, each line once"
+
+
+def test_a_sandbox_lost_during_the_closing_answer_still_finishes(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """The continuation has no tool call left: its stream must still be recorded as the
+    turn's, or the run could never be marked consumed and would fail after its attempts."""
+    fleet.start_worker()
+    fleet.start_beat()
+    agent = {"preset": "scripted", "turns": 1, "pace": 0.15, "seed": 2}
+    run = fleet.client.submit(agent, PROMPT)
+    while True:
+        chunks = [chunk for _, chunk in fleet.log_of(run.run_id)]
+        results = [i for i, c in enumerate(chunks) if c["type"] == "TOOL_CALL_RESULT"]
+        if results and len(chunks) > results[-1] + 3:
+            break
+        time.sleep(0.02)
+    _destroy_sandbox(fleet.client.require(run.run_id))
+    done = fleet.wait_settled(run.run_id)
+    assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
+    assert done.epoch == 1, "no takeover was needed"
+    oracle = expected_log(run.run_id, run.session_id, agent, PROMPT, tmp_path / "oracle")
+    final = _assert_consistent(fleet.log_of(run.run_id), oracle)
+    _assert_every_call_answered_once(final)
+    assert final[-1] == oracle[-1]

@@ -71,9 +71,26 @@ def _kill_and_finish(fleet: Fleet, run: Run, database_url: str, tmp_path: Path) 
     assert _attempts(database_url, run.run_id) == [(1, "superseded"), (2, "completed")]
     _assert_log_is_oracle(fleet, done, tmp_path)
     _assert_transcript_once(fleet, done)
+    _assert_segments_whole(fleet, done)
 
 
-@pytest.mark.parametrize("point", ["before-spawn", "after-sentinel"])
+def _assert_segments_whole(fleet: Fleet, run: Run) -> None:
+    """The journal's bytes are stored once: contiguous, one sentinel, at the very end."""
+    with psycopg.connect(fleet.settings.require_database_url()) as conn:
+        rows = conn.execute(
+            "SELECT stream_key, byte_start, byte_end, body FROM stream_segments"
+            " WHERE run_id = %s ORDER BY stream_key, byte_start",
+            (run.run_id,),
+        ).fetchall()
+    assert len({r[0] for r in rows}) == 1, "one agent process, one stream"
+    stored = b"".join(bytes(r[3]) for r in rows)
+    ends = [r[2] for r in rows]
+    assert [r[1] for r in rows] == [0, *ends[:-1]], "contiguous from byte 0"
+    lines = stored.splitlines()
+    assert [i for i, line in enumerate(lines) if line.startswith(b'{"__exit":')] == [len(lines) - 1]
+
+
+@pytest.mark.parametrize("point", ["before-spawn", "after-sentinel", "sentinel-stored"])
 def test_sigkill_at_a_failpoint(
     settings: Any, database_url: str, tmp_path: Path, point: str
 ) -> None:

@@ -238,6 +238,16 @@ def test_stall_on_a_run_that_never_existed(sandbox: Sandbox) -> None:
     assert not Path(paths.journal).exists()  # the follow never creates the journal
 
 
+def test_a_silent_but_running_agent_is_not_stalled(sandbox: Sandbox) -> None:
+    """Past the first-byte bound, a writer that holds its lock is waited for: a slow
+    start must never be mistaken for a dead agent (and started a second time)."""
+    handle = spawn_journaled(sandbox, RUN, "sleep 1.5; echo late", secret=SECRET)
+    nonce = nonce_for(sandbox.ref, RUN, SECRET)
+    reader = JournalReader(sandbox, handle.paths, nonce=nonce, first_byte_timeout=0.3)
+    assert [line for line, _ in reader] == [b"late"]
+    assert reader.exit_code == 0
+
+
 def test_agent_killed_without_sentinel_is_vanished(sandbox: Sandbox) -> None:
     handle = spawn_journaled(sandbox, RUN, "echo one; sleep 60", secret=SECRET)
     nonce = nonce_for(sandbox.ref, RUN, SECRET)

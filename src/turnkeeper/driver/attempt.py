@@ -188,7 +188,7 @@ class Attempt:
             self._fail_lost()  # consumed yet no sentinel: the segments are not whole
             return
         self._consume(last, lines[:-1], store_bytes=False)
-        self._finish(last, exit_code, sandbox=None)
+        self._finish(last, exit_code, lines[-1][1], sandbox=None)
 
     def _continue(self) -> None:
         """Keep what was captured, mark the interruption, continue in a new process."""
@@ -282,7 +282,8 @@ class Attempt:
                     self._journal_failed(batch.error)
                     return
                 assert batch.exit_code is not None  # noqa: S101 - the reader ended at a sentinel
-                self._finish(handle, batch.exit_code, sandbox)
+                assert batch.end_position is not None  # noqa: S101 - set with the exit code
+                self._finish(handle, batch.exit_code, batch.end_position, sandbox)
                 return
         finally:
             feed.stop()
@@ -299,6 +300,8 @@ class Attempt:
         else:
             raise error
         self._log.warning("journal.lost", reason=reason, error=str(error))
+        if reason == "journal-stalled":
+            self._disarm(self.placement.journals[-1])
         self._interrupt(len(self.placement.journals) - 1)
         if self.spec.can_continue:
             self._spawn_continuation()
@@ -309,14 +312,24 @@ class Attempt:
             {"reason": reason},
         )
 
-    def _finish(self, handle: JournalHandle, exit_code: int, sandbox: Sandbox | None) -> None:
+    def _disarm(self, handle: JournalHandle) -> None:
+        """A writer that never started must never start later (a frozen predecessor may
+        still be about to launch it): without its nonce file it exits before the agent."""
+        sandbox = self._resume()
+        if sandbox is not None:
+            sandbox.exec(["rm", "-f", "--", handle.paths.nonce_file], timeout=30)
+
+    def _finish(
+        self, handle: JournalHandle, exit_code: int, sentinel_end: int, sandbox: Sandbox | None
+    ) -> None:
         """At the sentinel: all bytes stored, the last turn committed, log closed, settled."""
         failpoint(self.settings, "after-sentinel", self.claim.run_id)
         sentinel = exit_sentinel_line(
             self.claim.run_id, exit_code, secret=self.rt.secret, sandbox_id=handle.ref.id
         )
-        tip = self.output.stored_end(handle.stream_key)
-        self.output.write_bytes(handle.stream_key, tip, sentinel)
+        # At its own offset, so that bytes a predecessor stored are never stored twice.
+        self.output.write_bytes(handle.stream_key, sentinel_end - len(sentinel), sentinel)
+        failpoint(self.settings, "sentinel-stored", self.claim.run_id)
         self.recorder.mark_consumed(handle.stream_key)
         closing = self.translator.finish()
         self._emit(closing)
@@ -370,10 +383,12 @@ class Attempt:
             self._interrupt(index)
 
     def _interrupt(self, journal_index: int) -> None:
+        self.recorder.interrupt()
         marks = self.translator.finish()
         marks.append(lifecycle.interrupted(journal_index))
         marks.extend(lifecycle.outcome_unknown(c) for c in self.recorder.pending_tool_calls)
         self._emit(marks)
+        self.recorder.close_interrupted_turn()
 
     def _segment_lines(self, handle: JournalHandle) -> list[Line]:
         splitter = LineSplitter(0)

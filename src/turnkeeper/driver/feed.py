@@ -23,6 +23,8 @@ class Batch:
     ended: bool = False
     """The reader stopped: at the sentinel (``exit_code`` set) or with ``error``."""
     exit_code: int | None = None
+    end_position: int | None = None
+    """Just past the sentinel line, when the reader ended at one."""
     error: BaseException | None = None
 
 
@@ -58,6 +60,7 @@ class JournalFeed:
         while item is not None:
             if isinstance(item, Batch):
                 batch.ended, batch.exit_code, batch.error = True, item.exit_code, item.error
+                batch.end_position = item.end_position
                 break
             batch.lines.append(item)
             if len(batch.lines) >= _MAX_BATCH_LINES:
@@ -73,7 +76,7 @@ class JournalFeed:
         try:
             for line in self.reader:
                 self._queue.put(line)
-            end.exit_code = self.reader.exit_code
+            end.exit_code, end.end_position = self.reader.exit_code, self.reader.end_position
         except BaseException as exc:  # noqa: BLE001 - handed to the driver, which decides
             end.error = exc
         if not self.reader.stop.is_set():

@@ -21,8 +21,8 @@ from contextlib import contextmanager
 
 import structlog
 
-from turnkeeper.chunks import Chunk
-from turnkeeper.errors import LogFencedError, OwnershipLostError
+from turnkeeper.chunks import Chunk, fingerprint
+from turnkeeper.errors import LogFencedError, OwnershipLostError, SequenceConflictError
 from turnkeeper.log import RunLog
 from turnkeeper.log.alignment import Aligner
 from turnkeeper.store.records import Claim
@@ -94,8 +94,12 @@ class RunOutput:
             data, start = data[stored - start :], stored
         self.check_ownership()
         if not self.store.append_stream_segment(self.claim, stream_key, start, data):
-            self.lost.set()
-            self.check_ownership()
+            # False: a stale attempt, or these very bytes were stored by a retry whose
+            # reply was lost. Only the first means the run was taken away.
+            run = self.store.get_run(self.claim.run_id)
+            if run is None or run.attempt_id != self.claim.attempt_id:
+                self.lost.set()
+                self.check_ownership()
         self._stored_ends[stream_key] = end
 
     # --- chunks ---------------------------------------------------------------------
@@ -108,11 +112,24 @@ class RunOutput:
         if not fresh:
             return
         self.check_ownership()
+        first, batch = fresh[0][0], [chunk for _, chunk in fresh]
         with self._fenced():
-            self.run_log.append(
-                self.claim.run_id, self.claim.epoch, fresh[0][0], [chunk for _, chunk in fresh]
-            )
+            try:
+                self.run_log.append(self.claim.run_id, self.claim.epoch, first, batch)
+            except SequenceConflictError as exc:
+                if not self._already_appended(first, batch, exc):
+                    raise
         self.appended += len(fresh)
+
+    def _already_appended(
+        self, first: int, batch: list[Chunk], conflict: SequenceConflictError
+    ) -> bool:
+        """A retried append whose first try landed (its reply was lost): the log holds
+        exactly this batch at exactly these seqs."""
+        if conflict.fields.get("expected") != first + len(batch):
+            return False
+        stored = self.run_log.snapshot(self.claim.run_id, after_seq=first - 1)
+        return [fingerprint(chunk) for _, chunk in stored] == [fingerprint(c) for c in batch]
 
     def close(self) -> None:
         """Everything replayed must have matched; then the log is closed for good."""

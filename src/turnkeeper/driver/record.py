@@ -14,6 +14,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
+
 from turnkeeper.agents.translator import TurnEvent, TurnTracker
 from turnkeeper.chunks import Chunk
 from turnkeeper.errors import OwnershipLostError
@@ -27,6 +29,7 @@ _RANK = {
     TurnPhase.COMMITTED: 3,
 }
 Position = tuple[int, int]
+log = structlog.get_logger(__name__)
 
 
 @dataclass
@@ -87,6 +90,7 @@ class TurnRecorder:
         self.stream_key: str | None = None
         self.content = TurnContent()
         self._recorded: Position = (slot.turn_index, _RANK[slot.phase]) if slot else (-1, -1)
+        self._turn_open = False
 
     @property
     def input_entry_id(self) -> str:
@@ -111,6 +115,7 @@ class TurnRecorder:
 
     def provider_started(self, stream_key: str) -> None:
         self.stream_key = stream_key
+        self._turn_open = True
         self._slot_write(
             (self.turn_index, 1),
             lambda: self.store.update_turn_journal_phase(
@@ -123,8 +128,21 @@ class TurnRecorder:
         """The slot had moved past ``before_provider`` of turn 0 before this attempt."""
         return self._recorded > (0, 0)
 
+    def interrupt(self) -> None:
+        """Before interruption marks: the next agent process will stream under its own key."""
+        self.stream_key = None
+
+    def close_interrupted_turn(self) -> None:
+        """After the marks: commit the turn they cut short (unless their outcome-unknown
+        results completed it), so the next process begins a turn, and records its
+        stream key, of its own."""
+        if self._turn_open:
+            self.commit_turn()
+            self._begin_next_turn()
+
     def observe(self, chunks: list[Chunk]) -> None:
         for chunk in chunks:
+            self._turn_open = True
             self.content.observe(chunk)
             event = self.tracker.observe(chunk)
             if event is TurnEvent.TOOL_REQUEST_RECORDED:
@@ -167,6 +185,7 @@ class TurnRecorder:
     def _begin_next_turn(self) -> None:
         self.turn_index += 1
         self.content = TurnContent()
+        self._turn_open = False
         index = self.turn_index
         self._slot_write(
             (index, 0),
@@ -192,9 +211,20 @@ class TurnRecorder:
         """Make a slot write unless this position was recorded before; False means lost."""
         if position <= self._recorded:
             return
-        if self.lost.is_set() or not write():
+        if self.lost.is_set():
+            self._lose()
+        if not write() and not self._still_owner():
             self._lose()
         self._recorded = position
+
+    def _still_owner(self) -> bool:
+        """A refused write of an owner is one a retry already made (its reply was lost);
+        only a changed attempt means the run was taken away."""
+        run = self.store.get_run(self.claim.run_id)
+        if run is None or run.attempt_id != self.claim.attempt_id:
+            return False
+        log.warning("slot.write_already_made", run_id=self.claim.run_id)
+        return True
 
     def _lose(self) -> None:
         self.lost.set()

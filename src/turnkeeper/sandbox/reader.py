@@ -38,6 +38,7 @@ from turnkeeper.errors import (
 )
 from turnkeeper.sandbox.journal import (
     EXIT_PROBE_BYTES,
+    LIVENESS_ALIVE,
     LIVENESS_FREE,
     POLL_READ_BYTES,
     JournalPaths,
@@ -200,6 +201,11 @@ class JournalReader:
             and self.first_byte_timeout is not None
             and now - idle.started >= self.first_byte_timeout
         ):
+            if self._writer_alive():
+                # A silent agent that is running (a slow start) is not a stalled one:
+                # wait another bound, never start a second copy next to it.
+                idle.started = now
+                return
             raise JournalStalledError(
                 f"journal delivered no bytes within {self.first_byte_timeout}s",
                 run_id=self.paths.run_id,
@@ -270,6 +276,14 @@ class JournalReader:
             reason="journal-too-large",
             position=end,
         )
+
+    def _writer_alive(self) -> bool:
+        """True while the writer holds its lock (the agent runs); False when unknown."""
+        try:
+            probe = self.sandbox.exec(liveness_argv(self.paths), timeout=30)
+        except SandboxError:
+            return False
+        return probe.exit_code == LIVENESS_ALIVE
 
     def _writer_gone(self) -> bool:
         """True when the writer's lock is free and no sentinel is in the journal's tail.

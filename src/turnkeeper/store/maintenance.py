@@ -70,6 +70,13 @@ class MaintenanceMixin(StoreBase):
         check_id(run_id, "run_id")
         return self._db.one("mark_dispatched", q.MARK_DISPATCHED, {"run_id": run_id}) is not None
 
+    def recently_settled(self, within: float, limit: int) -> list[Run]:
+        """Runs settled in the last ``within`` seconds (database clock), oldest first."""
+        params = {"within": check_seconds(within, "within"), "limit": check_limit(limit)}
+        return [
+            Run.from_row(r) for r in self._db.rows("recently_settled", q.RECENTLY_SETTLED, params)
+        ]
+
     def runs_to_reap(self, limit: int) -> list[Run]:
         """Settled runs that still have a sandbox reference, oldest settled first."""
         rows = self._db.rows("runs_to_reap", q.RUNS_TO_REAP, {"limit": check_limit(limit)})

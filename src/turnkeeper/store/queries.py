@@ -448,6 +448,14 @@ RETURNING run_id
 
 # --- reaping -----------------------------------------------------------------------------
 
+RECENTLY_SETTLED = _sql("""
+SELECT $run_columns FROM runs
+WHERE status IN ('completed', 'failed', 'aborted')
+  AND finished_at > now() - make_interval(secs => CAST(:within AS double precision))
+ORDER BY finished_at
+LIMIT :limit
+""")
+
 RUNS_TO_REAP = _sql("""
 SELECT $run_columns FROM runs
 WHERE status IN ('completed', 'failed', 'aborted') AND sandbox_ref IS NOT NULL

@@ -1,0 +1,48 @@
+"""RunOutput against real Redis and Postgres: a retried append whose reply was lost."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from turnkeeper.config import Settings
+from turnkeeper.driver.output import RunOutput
+from turnkeeper.errors import SequenceConflictError
+from turnkeeper.store.records import Claim
+from turnkeeper.workers.runtime import WorkerRuntime
+
+CHUNKS = [{"type": "CUSTOM", "name": "n", "value": i} for i in range(3)]
+
+
+@pytest.fixture
+def claim_and_runtime(settings: Settings) -> Iterator[tuple[Claim, WorkerRuntime]]:
+    rt = WorkerRuntime.open(settings)
+    rt.store.admit_run("out-1", "out-1", {}, max_attempts=3, deadline=None)
+    claim = rt.store.claim_run("out-1", "me", 30)
+    assert claim is not None
+    rt.log.fence("out-1", claim.epoch)
+    yield claim, rt
+    rt.close()
+
+
+def test_an_append_that_landed_before_its_reply_was_lost_is_not_an_error(
+    claim_and_runtime: tuple[Claim, WorkerRuntime],
+) -> None:
+    claim, rt = claim_and_runtime
+    output = RunOutput(rt.store, rt.log, claim, threading.Event(), [])
+    rt.log.append("out-1", claim.epoch, 1, CHUNKS)  # the first try, whose reply was lost
+    output.emit(CHUNKS)  # the retry
+    assert [chunk for _, chunk in rt.log.snapshot("out-1")] == CHUNKS
+
+
+def test_a_real_sequence_conflict_is_still_an_error(
+    claim_and_runtime: tuple[Claim, WorkerRuntime],
+) -> None:
+    claim, rt = claim_and_runtime
+    output = RunOutput(rt.store, rt.log, claim, threading.Event(), [])
+    other = [{"type": "CUSTOM", "name": "other", "value": i} for i in range(3)]
+    rt.log.append("out-1", claim.epoch, 1, other)
+    with pytest.raises(SequenceConflictError):
+        output.emit(CHUNKS)
