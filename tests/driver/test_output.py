@@ -9,7 +9,7 @@ import pytest
 
 from turnkeeper.config import Settings
 from turnkeeper.driver.output import RunOutput
-from turnkeeper.errors import SequenceConflictError
+from turnkeeper.errors import OwnershipLostError, SequenceConflictError
 from turnkeeper.store.records import Claim
 from turnkeeper.workers.runtime import WorkerRuntime
 
@@ -46,3 +46,18 @@ def test_a_real_sequence_conflict_is_still_an_error(
     rt.log.append("out-1", claim.epoch, 1, other)
     with pytest.raises(SequenceConflictError):
         output.emit(CHUNKS)
+
+
+def test_an_append_refused_for_its_epoch_is_lost_ownership_and_counted(
+    claim_and_runtime: tuple[Claim, WorkerRuntime],
+) -> None:
+    claim, rt = claim_and_runtime
+    lost = threading.Event()
+    output = RunOutput(rt.store, rt.log, claim, lost, [])
+    output.emit(CHUNKS[:1])
+    rt.log.fence("out-1", claim.epoch + 1)  # a successor took over
+    with pytest.raises(OwnershipLostError):
+        output.emit(CHUNKS[1:])
+    assert lost.is_set()
+    assert rt.log.counters() == {"refused_appends": 1}
+    assert [chunk for _, chunk in rt.log.snapshot("out-1")] == CHUNKS[:1]

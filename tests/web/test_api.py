@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,10 @@ def test_reconnecting_client_sees_each_chunk_once_across_a_takeover(
     metrics = http.get("/metrics").text
     assert "turnkeeper_takeovers_total 1.0" in metrics
     assert 'turnkeeper_attempts{outcome="superseded"} 1.0' in metrics
+    renewals = re.search(r"^turnkeeper_lease_renewals_total (\S+)$", metrics, re.MULTILINE)
+    assert renewals is not None
+    assert float(renewals.group(1)) > 0, "both owners renewed their leases"
+    assert re.search(r"^turnkeeper_refused_appends_total \S+$", metrics, re.MULTILINE)
 
 
 def test_unknown_run_and_removed_log(fleet: Fleet, web: WebServer, http: httpx.Client) -> None:

@@ -6,7 +6,7 @@ import structlog
 
 from turnkeeper.driver import lifecycle
 from turnkeeper.driver.attempt import Attempt
-from turnkeeper.driver.output import end_log
+from turnkeeper.driver.output import LEASE_RENEWALS, end_log
 from turnkeeper.errors import OwnershipLostError, ServiceError, TurnkeeperError
 from turnkeeper.store.records import Claim, RunStatus
 from turnkeeper.workers.lease import LeaseKeeper
@@ -40,7 +40,11 @@ def _own(runtime: WorkerRuntime, claim: Claim, *, fresh: bool) -> None:
     settings = runtime.settings
     bound = log.bind(run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
     keeper = LeaseKeeper(
-        runtime.store, claim, lease_ttl=settings.lease_ttl, interval=settings.heartbeat_interval
+        runtime.store,
+        claim,
+        lease_ttl=settings.lease_ttl,
+        interval=settings.heartbeat_interval,
+        on_renewed=lambda: runtime.log.count(LEASE_RENEWALS),
     ).start()
     try:
         # From here on, every append of an earlier attempt is refused by Redis itself.

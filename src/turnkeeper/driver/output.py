@@ -30,6 +30,10 @@ from turnkeeper.store.store import Store
 
 log = structlog.get_logger(__name__)
 
+# Fleet counters (RunLog.count), exported by the web app's /metrics.
+LEASE_RENEWALS = "lease_renewals"
+REFUSED_APPENDS = "refused_appends"
+
 
 def end_log(run_log: RunLog, run_id: str, epoch: int, final: Chunk) -> None:
     """Close a log that may be half-written with ``final`` as its last chunk, at ``epoch``.
@@ -145,6 +149,7 @@ class RunOutput:
             yield
         except LogFencedError as exc:
             self.lost.set()
+            self.run_log.count(REFUSED_APPENDS)
             raise OwnershipLostError(
                 "a later attempt fenced the run log",
                 run_id=self.claim.run_id,

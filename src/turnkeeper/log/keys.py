@@ -42,6 +42,11 @@ def run_tag(run_id: str) -> str:
     return "~" + hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def fleet_counters_key(namespace: str) -> str:
+    """A hash of counters the workers keep (lease renewals, refused appends) for /metrics."""
+    return f"{namespace}:fleet:counters"
+
+
 def check_namespace(namespace: str) -> str:
     """A namespace with braces would move the hash tag: refuse it up front."""
     if not _NAMESPACE.fullmatch(namespace):

@@ -42,7 +42,14 @@ from turnkeeper.log.entries import (
     script_result,
     stream_entries,
 )
-from turnkeeper.log.keys import APPEND_LUA, CLOSE_LUA, FENCE_LUA, RunKeys, check_namespace
+from turnkeeper.log.keys import (
+    APPEND_LUA,
+    CLOSE_LUA,
+    FENCE_LUA,
+    RunKeys,
+    check_namespace,
+    fleet_counters_key,
+)
 
 logger = structlog.get_logger(__name__)
 
@@ -179,6 +186,20 @@ class RunLog:
         keys = self.keys(run_id)
         with redis_errors(run_id, "delete"):
             self._redis.delete(keys.stream, keys.meta)
+
+    # --- fleet counters -------------------------------------------------------------
+
+    def count(self, name: str, amount: int = 1) -> None:
+        """Add to a fleet counter (for /metrics). Best effort: never fails a run."""
+        try:
+            self._redis.hincrby(fleet_counters_key(self.namespace), name, amount)
+        except redis.RedisError as exc:
+            logger.warning("metrics.count_failed", counter=name, error=str(exc))
+
+    def counters(self) -> dict[str, int]:
+        with redis_errors("-", "counters"):
+            raw = self._redis.hgetall(fleet_counters_key(self.namespace))
+        return {key.decode(): int(value) for key, value in cast("dict[bytes, bytes]", raw).items()}
 
     # --- reads -------------------------------------------------------------------
 

@@ -48,7 +48,7 @@ from turnkeeper.errors import (
     ServiceError,
     TurnkeeperError,
 )
-from turnkeeper.log import AsyncRunLog
+from turnkeeper.log import AsyncRunLog, RunLog
 from turnkeeper.logconfig import configure_logging
 from turnkeeper.store.records import check_id
 from turnkeeper.web import sse
@@ -114,7 +114,7 @@ class WebState:
             client=Client.from_settings(settings),
             run_log=AsyncRunLog.from_settings(settings, max_connections=MAX_REDIS_CONNECTIONS),
             tokens=StreamTokens(server_secret(settings), settings.stream_token_ttl),
-            metrics=WebMetrics(settings.require_database_url()),
+            metrics=WebMetrics(settings.require_database_url(), RunLog.from_settings(settings)),
         )
 
     async def aclose(self) -> None:

@@ -1,9 +1,13 @@
 """Prometheus metrics of the fleet, as far as the web process can honestly see them.
 
-Counters that happen inside workers (lease renewals, appends the log refused
-to a fenced-out owner) live in worker memory, which the web process cannot
-read, and the store does not record them; they are not exported here rather
-than exported wrong. What the store does record is read on every scrape:
+Counters that happen inside workers are kept by the workers in one Redis hash
+(``RunLog.count``) and read on every scrape:
+
+- ``turnkeeper_lease_renewals_total``: lease renewals of every owner;
+- ``turnkeeper_refused_appends_total``: appends the log refused to an owner
+  whose epoch was fenced off (a zombie writing after a takeover).
+
+What the store records is read on every scrape too:
 
 - ``turnkeeper_runs{status}``: runs per status (gauge);
 - ``turnkeeper_attempts{outcome}``: attempts per outcome (``running`` for open ones);
@@ -30,6 +34,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from turnkeeper.config import sqlalchemy_postgres_url
+from turnkeeper.driver.output import LEASE_RENEWALS, REFUSED_APPENDS
+from turnkeeper.errors import TurnkeeperError
+from turnkeeper.log import RunLog
 from turnkeeper.store import schema
 from turnkeeper.store.records import RunStatus
 
@@ -104,13 +111,42 @@ class StoreCollector(Collector):
         )
 
 
+class FleetCollector(Collector):
+    """Reads the counters the workers keep in Redis on each scrape."""
+
+    def __init__(self, run_log: RunLog) -> None:
+        self._log = run_log
+
+    def close(self) -> None:
+        self._log.client.close()
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        try:
+            counters = self._log.counters()
+        except TurnkeeperError as exc:
+            log.warning("metrics.fleet.unavailable", error=str(exc))
+            return
+        yield CounterMetricFamily(
+            "turnkeeper_lease_renewals",
+            "Lease renewals by run owners.",
+            value=counters.get(LEASE_RENEWALS, 0),
+        )
+        yield CounterMetricFamily(
+            "turnkeeper_refused_appends",
+            "Appends the run log refused to an owner whose epoch was fenced off.",
+            value=counters.get(REFUSED_APPENDS, 0),
+        )
+
+
 class WebMetrics:
     """The registry of one web app: the store collector plus this process's own series."""
 
-    def __init__(self, database_url: str) -> None:
+    def __init__(self, database_url: str, run_log: RunLog) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.store = StoreCollector(database_url)
         self.registry.register(self.store)
+        self.fleet = FleetCollector(run_log)
+        self.registry.register(self.fleet)
         self.request_seconds = Histogram(
             "turnkeeper_http_request_duration_seconds",
             "HTTP request latency (streams: until the response starts).",
@@ -138,3 +174,4 @@ class WebMetrics:
 
     def close(self) -> None:
         self.store.close()
+        self.fleet.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import structlog
@@ -24,8 +25,17 @@ log = structlog.get_logger(__name__)
 
 
 class LeaseKeeper:
-    def __init__(self, store: Store, claim: Claim, *, lease_ttl: float, interval: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        claim: Claim,
+        *,
+        lease_ttl: float,
+        interval: float,
+        on_renewed: Callable[[], None] = lambda: None,
+    ) -> None:
         self.store = store
+        self.on_renewed = on_renewed
         self.claim = claim
         self.lease_ttl = lease_ttl
         self.interval = interval
@@ -70,6 +80,7 @@ class LeaseKeeper:
             return
         self._retrying = False
         self.renewals += 1
+        self.on_renewed()
         self._last_renewed = time.monotonic()
         if run is None:
             return
