@@ -35,6 +35,9 @@ LIVENESS_ALIVE = 1
 LIVENESS_FREE = 0
 LIVENESS_NOT_STARTED = 3
 JOURNAL_EXISTS_EXIT = 17
+# A liveness probe holds the writer's lock for an instant; the writer waits that out
+# rather than mistaking it for a second writer and never starting the agent.
+WRITER_LOCK_WAIT = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +192,7 @@ def writer_argv(
     ulimits = (limits or AgentLimits()).ulimit_script()
     j = _q(paths.journal)
     return _sh(
-        f"exec 9>>{_q(paths.lock)} || exit 97; flock -n 9 || exit 98; "
+        f"exec 9>>{_q(paths.lock)} || exit 97; flock -w {WRITER_LOCK_WAIT} 9 || exit 98; "
         f"nonce=$(cat {_q(paths.nonce_file)}) && rm -f {_q(paths.nonce_file)} || exit 99; "
         f"{{ ( unset nonce; {ulimits}\n{agent}\n) < {_q(paths.stdin_file)}; code=$?; "
         f'if [ -s {j} ] && [ "$(tail -c 1 {j} | wc -l)" -eq 0 ]; then printf "\\n"; fi; '

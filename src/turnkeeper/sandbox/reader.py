@@ -201,9 +201,11 @@ class JournalReader:
             and self.first_byte_timeout is not None
             and now - idle.started >= self.first_byte_timeout
         ):
-            if self._writer_alive():
-                # A silent agent that is running (a slow start) is not a stalled one:
-                # wait another bound, never start a second copy next to it.
+            liveness = self._liveness()
+            if liveness is None or liveness == LIVENESS_ALIVE:
+                # A silent agent that is running (a slow start) is not a stalled one, and
+                # an unanswered probe is no proof it is not: wait another bound, never
+                # start a second copy next to it.
                 idle.started = now
                 return
             raise JournalStalledError(
@@ -211,6 +213,7 @@ class JournalReader:
                 run_id=self.paths.run_id,
                 reason="journal-stalled",
                 journal=self.paths.journal,
+                liveness=liveness,
             )
         if self.liveness_interval is not None and now - idle.last_check >= self.liveness_interval:
             idle.last_check = now
@@ -277,13 +280,13 @@ class JournalReader:
             position=end,
         )
 
-    def _writer_alive(self) -> bool:
-        """True while the writer holds its lock (the agent runs); False when unknown."""
+    def _liveness(self) -> int | None:
+        """The writer's liveness (``LIVENESS_*``), or None when the probe itself failed."""
         try:
-            probe = self.sandbox.exec(liveness_argv(self.paths), timeout=30)
-        except SandboxError:
-            return False
-        return probe.exit_code == LIVENESS_ALIVE
+            return self.sandbox.exec(liveness_argv(self.paths), timeout=30).exit_code
+        except SandboxError as exc:
+            log.warning("journal.liveness_unknown", run_id=self.paths.run_id, error=str(exc))
+            return None
 
     def _writer_gone(self) -> bool:
         """True when the writer's lock is free and no sentinel is in the journal's tail.
