@@ -93,33 +93,38 @@ def create_app(settings: Settings) -> Celery:
 
 
 def _register_tasks(app: Celery, settings: Settings) -> None:
-    @app.task(name=RUN_TURN)
+    @app.task(name=RUN_TURN, shared=False)
     def run_turn(run_id: str) -> None:
         driver.run_turn(runtime_for(settings), run_id)
 
-    @app.task(name=TAKEOVER)
+    @app.task(name=TAKEOVER, shared=False)
     def takeover(run_id: str, attempt_id: str, epoch: int) -> None:
         driver.take_over(runtime_for(settings), run_id, attempt_id, epoch)
 
-    @app.task(name=RECONCILE)
+    @app.task(name=RECONCILE, shared=False)
     def reconcile() -> None:
         reconciler.reconcile(runtime_for(settings), **enqueuers(app, settings))
 
-    @app.task(name=REAP)
+    @app.task(name=REAP, shared=False)
     def reap() -> None:
         reconciler.reap(runtime_for(settings))
 
-    @app.task(name=PRUNE)
+    @app.task(name=PRUNE, shared=False)
     def prune() -> None:
         reconciler.prune(runtime_for(settings))
 
-    @worker_process_init.connect(weak=False)
-    def _open_after_fork(**_: Any) -> None:
+    def open_after_fork(**_: Any) -> None:
         runtime_for(settings)  # connections belong to the child, opened after the fork
 
-    @worker_process_shutdown.connect(weak=False)
-    def _close(**_: Any) -> None:
-        close_runtimes()
+    # Signals are process-wide: one handler per distinct settings, however many apps.
+    worker_process_init.connect(
+        open_after_fork, weak=False, dispatch_uid=f"turnkeeper-open-{hash(settings)}"
+    )
+    worker_process_shutdown.connect(close_on_shutdown, weak=False, dispatch_uid="turnkeeper-close")
+
+
+def close_on_shutdown(**_: Any) -> None:
+    close_runtimes()
 
 
 def enqueue_run(app: Celery, settings: Settings, run_id: str) -> None:

@@ -243,7 +243,7 @@ def demo(
             )
             run_id = f"demo-{uuid7()}"
             agent: dict[str, Any] = {"preset": "scripted", "turns": turns, "pace": pace, "seed": 1}
-            client.submit(agent, "Tidy the workspace and take notes.", run_id=run_id)
+            client.submit(agent, "Tidy the workspace and take notes", run_id=run_id)
             view = httpx.get(f"{server.base_url}/runs/{quote(run_id, safe='')}", timeout=30).json()
             console.print(f"run {run_id}; watch it at {server.base_url}/ui/runs/{run_id}")
             threading.Thread(

@@ -1,0 +1,76 @@
+"""The Celery app in-process, with Celery's own test worker (celery.contrib.testing).
+
+Crash behaviour needs real worker processes (test_takeover, test_chaos); these
+check the app itself: serialization, routing, and the tasks driving a run.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from celery.contrib.testing.worker import start_worker
+
+from tests.driver.fleet import expected_log
+from turnkeeper.client import Client
+from turnkeeper.config import Settings
+from turnkeeper.store.records import RunStatus
+from turnkeeper.tasks import (
+    PRUNE,
+    REAP,
+    RECONCILE,
+    RUN_TURN,
+    TAKEOVER,
+    control_queue,
+    create_app,
+    turns_queue,
+)
+
+AGENT = {"preset": "scripted", "turns": 1, "pace": 0.0, "seed": 9}
+
+
+def test_the_app_routes_turns_and_control_apart(settings: Settings) -> None:
+    app = create_app(settings)
+    conf = app.conf
+    assert conf.task_serializer == "json"
+    assert conf.accept_content == ["json"]
+    assert conf.task_acks_late is False
+    assert conf.task_ignore_result is True
+    assert conf.worker_disable_prefetch is True
+    routes = {
+        name: app.amqp.router.route({}, name)["queue"].name
+        for name in (RUN_TURN, TAKEOVER, RECONCILE, REAP, PRUNE)
+    }
+    assert routes == {
+        RUN_TURN: turns_queue(settings),
+        TAKEOVER: turns_queue(settings),
+        RECONCILE: control_queue(settings),
+        REAP: control_queue(settings),
+        PRUNE: control_queue(settings),
+    }
+    assert turns_queue(settings) == f"{settings.namespace}.turns"
+    schedule = conf.beat_schedule
+    assert {entry["task"] for entry in schedule.values()} == {RECONCILE, REAP, PRUNE}
+    assert schedule["reconcile"]["schedule"].total_seconds() == settings.reconcile_interval
+
+
+def test_a_run_through_celerys_in_process_worker(settings: Settings, tmp_path: Path) -> None:
+    app = create_app(settings)
+    client = Client.from_settings(settings)
+    try:
+        with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=30):
+            run = client.submit(AGENT, "in process")
+            events = list(client.events(run.run_id))  # ends when the log closes
+        done = client.require(run.run_id)
+        assert done.status is RunStatus.COMPLETED
+        oracle = expected_log(run.run_id, run.session_id, AGENT, "in process", tmp_path / "o")
+        assert [chunk for _, chunk in events] == oracle
+        with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=30):
+            app.send_task(RECONCILE, queue=control_queue(settings))
+            app.send_task(REAP, queue=control_queue(settings))
+            deadline = time.monotonic() + 60  # a hang guard, not a timing assertion
+            while client.require(run.run_id).sandbox_ref is not None:
+                assert time.monotonic() < deadline, "the reap task never ran"
+                time.sleep(0.05)
+    finally:
+        client.close()
