@@ -46,7 +46,7 @@ from turnkeeper.sandbox import (
     spawn_journaled,
     stderr_tail,
 )
-from turnkeeper.sandbox.journal import parse_sentinel
+from turnkeeper.sandbox.journal import exists_argv, parse_sentinel
 from turnkeeper.sandbox.lines import LineSplitter
 from turnkeeper.store.records import Claim, Run, RunStatus
 from turnkeeper.workers.failpoints import failpoint
@@ -455,6 +455,4 @@ class Attempt:
 
 
 def _journal_exists(sandbox: Sandbox, paths: JournalPaths) -> bool:
-    from turnkeeper.sandbox.journal import exists_argv  # noqa: PLC0415 - one use
-
     return sandbox.exec(exists_argv(paths), timeout=30).exit_code == 0
