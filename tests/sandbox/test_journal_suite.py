@@ -242,11 +242,6 @@ def test_stall_on_a_run_that_never_existed(sandbox: Sandbox) -> None:
 def test_a_silent_but_running_agent_is_not_stalled(sandbox: Sandbox) -> None:
     """Past the first-byte bound, a writer that holds its lock is waited for: a slow
     start must never be mistaken for a dead agent (and started a second time)."""
-    if sandbox.ref.provider == "ssh":
-        pytest.skip(
-            "known issue, under investigation: over ssh the writer's lock is sometimes "
-            "seen free while its agent still sleeps (liveness=0 under load)"
-        )
     handle = spawn_journaled(sandbox, RUN, "sleep 2; echo late", secret=SECRET)
     while sandbox.exec(liveness_argv(handle.paths), timeout=30).exit_code != LIVENESS_ALIVE:
         time.sleep(0.02)  # the detached writer took its lock: the agent runs, silently

@@ -202,10 +202,14 @@ class JournalReader:
             and now - idle.started >= self.first_byte_timeout
         ):
             liveness = self._liveness()
-            if liveness is None or liveness == LIVENESS_ALIVE:
-                # A silent agent that is running (a slow start) is not a stalled one, and
-                # an unanswered probe is no proof it is not: wait another bound, never
-                # start a second copy next to it.
+            if (
+                liveness is None
+                or liveness == LIVENESS_ALIVE
+                or (liveness == LIVENESS_FREE and not self._writer_gone())
+            ):
+                # A silent agent that is running (a slow start), one that already wrote
+                # its sentinel (a slow reader), and an unanswered probe are not stalls:
+                # wait another bound, never start a second copy next to a live agent.
                 idle.started = now
                 return
             raise JournalStalledError(
