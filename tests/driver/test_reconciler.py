@@ -64,7 +64,9 @@ def test_ten_reconcilers_racing_hand_a_run_over_once(runtime: WorkerRuntime) -> 
 def test_a_run_out_of_attempts_fails_with_an_error_chunk(runtime: WorkerRuntime) -> None:
     _expired_run(runtime, "spent-1", max_attempts=1)
     report = reconciler.reconcile(
-        runtime, enqueue_takeover=lambda *a: pytest.fail("no takeover"), enqueue_run=print
+        runtime,
+        enqueue_takeover=lambda *a: pytest.fail("no takeover"),
+        enqueue_run=lambda run_id: pytest.fail("nothing queued"),
     )
     assert report.failed == 1
     run = runtime.store.get_run("spent-1")
@@ -79,7 +81,11 @@ def test_a_run_out_of_attempts_fails_with_an_error_chunk(runtime: WorkerRuntime)
     assert state.closed
     assert state.epoch == 2, "the dead owner's epoch is fenced off"
     # A second sweep changes nothing.
-    reconciler.reconcile(runtime, enqueue_takeover=lambda *a: None, enqueue_run=print)
+    reconciler.reconcile(
+        runtime,
+        enqueue_takeover=lambda *a: pytest.fail("no takeover"),
+        enqueue_run=lambda run_id: pytest.fail("nothing queued"),
+    )
     assert len(runtime.log.snapshot("spent-1")) == 2
 
 

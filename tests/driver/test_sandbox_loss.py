@@ -99,7 +99,8 @@ def test_a_continuable_agent_goes_on_after_its_sandbox_is_lost(
         c for c in chunks if c["type"] == "TOOL_CALL_RESULT" and c["content"] == OUTCOME_UNKNOWN
     ]
     assert len(lost) <= 1
-    assert len(done.sandbox_ref["journals"]) == 2 if done.sandbox_ref else True  # type: ignore[index]
+    assert done.sandbox_ref is not None
+    assert len(done.sandbox_ref["journals"]) == 2, "the lost process and its continuation"
 
 
 def test_an_agent_that_cannot_continue_fails_with_the_reason(fleet: Fleet, tmp_path: Path) -> None:

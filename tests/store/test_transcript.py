@@ -163,3 +163,16 @@ def test_prune_settled_deletes_segments_and_slots_in_batches(store: Store) -> No
         assert store.get_run(claim.run_id).pruned_at is not None  # type: ignore[union-attr]
     assert store.get_turn_journal("r2") is not None
     assert store.stream_segments("k-r2") != []
+
+
+def test_session_leaf_and_entry_parent(store: Store) -> None:
+    assert store.session_leaf("s1") is None
+    assert store.entry_parent("s1", "u1") == (False, None)
+    claim = claimed(store, "r1")
+    store.append_transcript(
+        claim, "s1", [NewEntry("u1", "user", {}), NewEntry("a1", "x", {})], None
+    )
+    assert store.session_leaf("s1") == "a1"
+    assert store.entry_parent("s1", "u1") == (True, None)
+    assert store.entry_parent("s1", "a1") == (True, "u1")
+    assert store.entry_parent("other", "a1") == (False, None)

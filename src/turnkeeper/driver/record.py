@@ -98,12 +98,11 @@ class TurnRecorder:
 
     def record_input(self, prompt: str) -> None:
         """Append the run's input under the session's leaf, and begin turn 0."""
-        path = self.store.active_path(self.session_id)
-        parent = path[-1].entry_id if path else None
-        for stored in path:  # a successor re-appends under the parent its predecessor used
-            if stored.entry_id == self.input_entry_id:
-                parent = stored.parent_id
-                break
+        # A successor re-appends under the parent its predecessor used; a fresh run
+        # appends under the session's leaf.
+        stored, parent = self.store.entry_parent(self.session_id, self.input_entry_id)
+        if not stored:
+            parent = self.store.session_leaf(self.session_id)
         entry = NewEntry(self.input_entry_id, "user", {"prompt": prompt})
         self.leaf = self._append([entry], parent)
         self._slot_write(

@@ -137,6 +137,22 @@ class TranscriptMixin(StoreBase):
         }
         return self._db.one("set_leaf", q.SET_LEAF, params, run_id=claim.run_id) is not None
 
+    def session_leaf(self, session_id: str) -> str | None:
+        """The session's current leaf entry id (None for a new or empty session)."""
+        check_id(session_id, "session_id")
+        row = self._db.one("session_leaf", q.CURRENT_LEAF, {"session_id": session_id})
+        return None if row is None else row["leaf_id"]
+
+    def entry_parent(self, session_id: str, entry_id: str) -> tuple[bool, str | None]:
+        """Whether ``entry_id`` is stored in the session, and its parent if so."""
+        check_id(session_id, "session_id")
+        params = {
+            "session_id": session_id,
+            "entry_ids": json.dumps([check_id(entry_id, "entry_id")]),
+        }
+        row = self._db.one("entry_parent", q.STORED_ENTRIES, params)
+        return (False, None) if row is None else (True, row["parent_id"])
+
     def active_path(self, session_id: str) -> list[TranscriptEntry]:
         """The entries from the root to the session's leaf."""
         check_id(session_id, "session_id")
