@@ -37,17 +37,17 @@ def _psycopg_sql(statement: object) -> str:
 
 PLAIN = {
     name: _psycopg_sql(getattr(q, name))
-    for name in ("CLAIM_RUN", "BEGIN_JOURNAL", "UPDATE_PHASE", "COMMIT_JOURNAL", "SETTLE_RUN")
+    for name in ("CLAIM_RUN", "BEGIN_TURN_SLOT", "UPDATE_PHASE", "COMMIT_TURN_SLOT", "SETTLE_RUN")
 }
 
 
 def ours_cycle(store: Store, run_id: str) -> None:
     claim = store.claim_run(run_id, "bench", 30)
     assert claim is not None
-    assert store.begin_turn_journal(claim, 0, "t0", None)
-    assert store.update_turn_journal_phase(claim, "provider_started", stream_key=f"{run_id}:k")
-    assert store.update_turn_journal_phase(claim, "tool_request_recorded", tool_request={"c": 1})
-    assert store.commit_turn_journal(claim, "leaf")
+    assert store.begin_turn_slot(claim, 0, "t0", None)
+    assert store.update_turn_phase(claim, "provider_started", journal_key=f"{run_id}:k")
+    assert store.update_turn_phase(claim, "tool_request_recorded", tool_request={"c": 1})
+    assert store.commit_turn_slot(claim, "leaf")
     assert store.settle_run(claim, "completed")
 
 
@@ -57,7 +57,7 @@ def plain_cycle(conn: psycopg.Connection[tuple[object, ...]], run_id: str) -> No
     row = conn.execute(PLAIN["CLAIM_RUN"], {**base, "owner": "bench", "lease_ttl": 30.0}).fetchone()
     assert row is not None
     assert conn.execute(
-        PLAIN["BEGIN_JOURNAL"],
+        PLAIN["BEGIN_TURN_SLOT"],
         {**base, "turn_index": 0, "turn_id": "t0", "checkpoint_leaf_id": None},
     ).fetchone()
     phase = {"tool_request": None, "checkpoint_leaf_id": None}
@@ -69,7 +69,7 @@ def plain_cycle(conn: psycopg.Connection[tuple[object, ...]], run_id: str) -> No
             "phase": "provider_started",
             "from_a": "before_provider",
             "from_b": "before_provider",
-            "stream_key": f"{run_id}:k",
+            "journal_key": f"{run_id}:k",
         },
     ).fetchone()
     assert conn.execute(
@@ -80,11 +80,11 @@ def plain_cycle(conn: psycopg.Connection[tuple[object, ...]], run_id: str) -> No
             "phase": "tool_request_recorded",
             "from_a": "provider_started",
             "from_b": "provider_started",
-            "stream_key": None,
+            "journal_key": None,
             "tool_request": '{"c":1}',
         },
     ).fetchone()
-    assert conn.execute(PLAIN["COMMIT_JOURNAL"], {**base, "committed_leaf_id": "leaf"}).fetchone()
+    assert conn.execute(PLAIN["COMMIT_TURN_SLOT"], {**base, "committed_leaf_id": "leaf"}).fetchone()
     assert conn.execute(
         PLAIN["SETTLE_RUN"], {**base, "status": "completed", "error": None}
     ).fetchone()

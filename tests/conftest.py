@@ -73,8 +73,10 @@ def _schema_fingerprint() -> str:
 
 
 def _url_for(base_url: str, database: str) -> str:
-    return make_url(plain_postgres_url(base_url)).set(database=database).render_as_string(
-        hide_password=False
+    return (
+        make_url(plain_postgres_url(base_url))
+        .set(database=database)
+        .render_as_string(hide_password=False)
     )
 
 

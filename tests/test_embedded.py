@@ -90,8 +90,7 @@ def test_two_processes_starting_at_once_share_one_stack(stack: EmbeddedStack) ->
     ctx = multiprocessing.get_context("spawn")
     results: multiprocessing.Queue[Outcome] = ctx.Queue()
     procs = [
-        ctx.Process(target=_start_in_process, args=(str(stack.data_dir), results))
-        for _ in range(3)
+        ctx.Process(target=_start_in_process, args=(str(stack.data_dir), results)) for _ in range(3)
     ]
     for proc in procs:
         proc.start()

@@ -96,7 +96,7 @@ class InvalidInputError(StoreError):
 
 
 class SegmentConflictError(StoreError):
-    """A different body was offered for a stream segment that is already stored."""
+    """A different body was offered for a segment that is already stored."""
 
 
 class TranscriptConflictError(StoreError):

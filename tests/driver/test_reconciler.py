@@ -160,7 +160,7 @@ def test_reap_ends_the_open_log_of_a_settled_run(runtime: WorkerRuntime) -> None
     _expired_run(runtime, "open-1")
     run = runtime.store.get_run("open-1")
     assert run is not None
-    claim = runtime.store.replace_turn_journal_attempt("open-1", str(run.attempt_id), "x", 5)
+    claim = runtime.store.replace_turn_slot_attempt("open-1", str(run.attempt_id), "x", 5)
     assert claim is not None
     error = {"reason": "agent-exit", "message": "the agent exited with code 3"}
     assert runtime.store.settle_run(claim, RunStatus.FAILED, error)

@@ -59,7 +59,7 @@ def test_never_reruns_output_that_survives() -> None:
         if facts.cancel_requested:
             assert action is Recovery.ABORT
             continue
-        if facts.stream_consumed or (facts.sandbox_alive and facts.journal_present):
+        if facts.journal_consumed or (facts.sandbox_alive and facts.journal_present):
             assert action in (Recovery.FINISH_FROM_SEGMENTS, Recovery.ATTACH)
         if facts.has_segments:
             assert action is not Recovery.START

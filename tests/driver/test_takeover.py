@@ -78,8 +78,8 @@ def _assert_segments_whole(fleet: Fleet, run: Run) -> None:
     """The journal's bytes are stored once: contiguous, one sentinel, at the very end."""
     with psycopg.connect(fleet.settings.require_database_url()) as conn:
         rows = conn.execute(
-            "SELECT stream_key, byte_start, byte_end, body FROM stream_segments"
-            " WHERE run_id = %s ORDER BY stream_key, byte_start",
+            "SELECT journal_key, byte_start, byte_end, body FROM segments"
+            " WHERE run_id = %s ORDER BY journal_key, byte_start",
             (run.run_id,),
         ).fetchall()
     assert len({r[0] for r in rows}) == 1, "one agent process, one stream"
@@ -126,7 +126,7 @@ def test_sigkill_during_a_tool_call(fleet: Fleet, database_url: str, tmp_path: P
     run = fleet.client.submit(AGENT, PROMPT)
     store = fleet.client.store
     while True:
-        journal = store.get_turn_journal(run.run_id)
+        journal = store.get_turn_slot(run.run_id)
         if journal is not None and journal.phase is TurnPhase.TOOL_REQUEST_RECORDED:
             break
         time.sleep(0.01)

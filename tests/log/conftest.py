@@ -14,4 +14,3 @@ def runlog(redis_url: str, namespace: str) -> Iterator[RunLog]:
     log = RunLog.from_url(redis_url, namespace=namespace, retention_seconds=600, max_chunks=1000)
     yield log
     log.client.close()
-

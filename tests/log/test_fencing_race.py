@@ -40,9 +40,7 @@ def new_writer(redis_url: str, namespace: str, run_id: str, out: Queue[Any]) -> 
     log = RunLog.from_url(redis_url, namespace=namespace)
     stored_epoch = log.fence(run_id, 2)
     snapshot = log.snapshot(run_id)
-    last = log.append(
-        run_id, 2, len(snapshot) + 1, [text_chunk(n, "e2") for n in range(1, 11)]
-    )
+    last = log.append(run_id, 2, len(snapshot) + 1, [text_chunk(n, "e2") for n in range(1, 11)])
     out.put((stored_epoch, snapshot, last))
 
 

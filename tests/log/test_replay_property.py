@@ -75,9 +75,7 @@ def takeover(log: RunLog, run_id: str, journal: bytes, fmt: str) -> None:
     log.close(run_id, 2)
 
 
-def check(
-    log: RunLog, journal: bytes, fmt: str, cut: int, lost: int, *, accepted: bool
-) -> None:
+def check(log: RunLog, journal: bytes, fmt: str, cut: int, lost: int, *, accepted: bool) -> None:
     run_id = f"prop-{next(_run_numbers)}"
     first_attempt(log, run_id, journal, fmt, cut=cut, lost=lost, accepted=accepted)
     takeover(log, run_id, journal, fmt)

@@ -187,7 +187,7 @@ def test_an_agent_process_never_reuses_a_journal(sandbox: Sandbox) -> None:
         spawn_journaled(sandbox, RUN, "echo b", secret=SECRET, process=1)
     second = spawn_journaled(sandbox, RUN, "echo b", secret=SECRET)
     assert second.paths.process == 2
-    assert second.stream_key != first.stream_key
+    assert second.journal_key != first.journal_key
     lines, _ = read_all(sandbox, second.paths)
     assert lines == [(b"b", 2)]
     assert [p.process for p in list_journals(sandbox, RUN)] == [1, 2]

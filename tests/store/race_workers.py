@@ -39,7 +39,7 @@ def replacers(  # noqa: PLR0917 - multiprocessing passes arguments by position
 
         def one(i: int) -> None:
             barrier.wait(timeout=60)
-            claim = store.replace_turn_journal_attempt(run_id, expected, f"{tag}-{i}", 30)
+            claim = store.replace_turn_slot_attempt(run_id, expected, f"{tag}-{i}", 30)
             out.put(None if claim is None else (claim.run_id, claim.attempt_id, claim.epoch))
 
         _threads(threads, one)
@@ -63,9 +63,9 @@ def zombie(url: str, run_id: str, ready: Queue[Any], resume: Event, out: Queue[A
     with Store(url, pool_size=1) as store:
         claim = store.claim_run(run_id, "zombie", 0.3)
         assert claim is not None
-        assert store.begin_turn_journal(claim, 0, "t0", "leaf-0")
-        assert store.update_turn_journal_phase(claim, "provider_started", stream_key="k")
-        assert store.append_stream_segment(claim, "k", 0, b"early")
+        assert store.begin_turn_slot(claim, 0, "t0", "leaf-0")
+        assert store.update_turn_phase(claim, "provider_started", journal_key="k")
+        assert store.append_segment(claim, "k", 0, b"early")
         ready.put((claim.run_id, claim.attempt_id, claim.epoch))
         resume.wait(timeout=120)
         out.put(_zombie_writes(store, claim))
@@ -74,11 +74,11 @@ def zombie(url: str, run_id: str, ready: Queue[Any], resume: Event, out: Queue[A
 def _zombie_writes(store: Store, claim: Claim) -> list[tuple[str, Any]]:
     return [
         ("renew", store.renew_lease(claim, 30)),
-        ("phase", store.update_turn_journal_phase(claim, "tool_request_recorded", tool_request={})),
-        ("commit", store.commit_turn_journal(claim, "zombie-leaf")),
-        ("consumed", store.mark_stream_consumed(claim, "k")),
-        ("segment", store.append_stream_segment(claim, "k", 5, b"zombie")),
-        ("begin", store.begin_turn_journal(claim, 1, "t1", None)),
+        ("phase", store.update_turn_phase(claim, "tool_request_recorded", tool_request={})),
+        ("commit", store.commit_turn_slot(claim, "zombie-leaf")),
+        ("consumed", store.mark_journal_consumed(claim, "k")),
+        ("segment", store.append_segment(claim, "k", 5, b"zombie")),
+        ("begin", store.begin_turn_slot(claim, 1, "t1", None)),
         ("sandbox", store.record_sandbox(claim, {"zombie": True})),
         ("transcript", store.append_transcript(claim, "s1", [NewEntry("z", "u", {})], None)),
         ("leaf", store.set_leaf(claim, "s1", "root")),

@@ -56,7 +56,7 @@ def test_ten_reconcilers_replacing_one_attempt_get_exactly_one(
     store: Store, database_url: str
 ) -> None:
     old = claimed(store, "r1")
-    assert store.begin_turn_journal(old, 0, "t0", None)
+    assert store.begin_turn_slot(old, 0, "t0", None)
     assert store.renew_lease(old, 0.001)
     time.sleep(0.02)
     barrier, out = SPAWN.Barrier(10), SPAWN.Queue()
@@ -67,7 +67,7 @@ def test_ten_reconcilers_replacing_one_attempt_get_exactly_one(
     wins = [r for r in _drain(out, 10) if r is not None]
     assert len(wins) == 1
     assert wins[0][2] == 2
-    run, journal = store.get_run("r1"), store.get_turn_journal("r1")
+    run, journal = store.get_run("r1"), store.get_turn_slot("r1")
     assert run is not None
     assert journal is not None
     assert (run.attempt_id, run.epoch, run.attempt_count) == (wins[0][1], 2, 2)
@@ -106,11 +106,11 @@ def test_the_old_owner_paused_past_its_lease_is_refused_after_takeover(
         deadline = time.monotonic() + HANG_GUARD  # hang guard only
         new = None
         while new is None and time.monotonic() < deadline:
-            new = store.replace_turn_journal_attempt("r1", old.attempt_id, "reconciler", 30)
+            new = store.replace_turn_slot_attempt("r1", old.attempt_id, "reconciler", 30)
             time.sleep(0.05)
         assert new is not None
         assert new.epoch == 2
-        snapshot = (store.get_run("r1"), store.get_turn_journal("r1"), store.stream_segments("k"))
+        snapshot = (store.get_run("r1"), store.get_turn_slot("r1"), store.segments("k"))
         os.kill(process.pid, signal.SIGCONT)  # (a stopped waiter would block Event.set)
         resume.set()
         results = out.get(timeout=HANG_GUARD)
@@ -132,7 +132,7 @@ def test_the_old_owner_paused_past_its_lease_is_refused_after_takeover(
         ("leaf", False),
         ("settle", False),
     ]
-    after = (store.get_run("r1"), store.get_turn_journal("r1"), store.stream_segments("k"))
+    after = (store.get_run("r1"), store.get_turn_slot("r1"), store.segments("k"))
     assert after == snapshot
     assert store.active_path("s1") == []
 

@@ -129,10 +129,10 @@ def test_renew_lease_extends_from_the_database_clock_and_reports_loss(store: Sto
 
 def test_replace_hands_an_expired_run_to_a_new_attempt(store: Store) -> None:
     claim = claimed(store, "r1")
-    assert store.begin_turn_journal(claim, 0, "t0", None)
-    assert store.replace_turn_journal_attempt("r1", claim.attempt_id, "w2", 30) is None  # fresh
+    assert store.begin_turn_slot(claim, 0, "t0", None)
+    assert store.replace_turn_slot_attempt("r1", claim.attempt_id, "w2", 30) is None  # fresh
     expire_lease(store, claim)
-    new = store.replace_turn_journal_attempt("r1", claim.attempt_id, "w2", 30)
+    new = store.replace_turn_slot_attempt("r1", claim.attempt_id, "w2", 30)
     assert new is not None
     assert new.epoch == 2
     assert new.attempt_id != claim.attempt_id
@@ -144,26 +144,24 @@ def test_replace_hands_an_expired_run_to_a_new_attempt(store: Store) -> None:
         2,
         "w2",
     )
-    journal = store.get_turn_journal("r1")
+    journal = store.get_turn_slot("r1")
     assert journal is not None
     assert (journal.attempt_id, journal.revision) == (new.attempt_id, 2)
     # The expected attempt is gone now: a second replace with it is refused.
-    assert store.replace_turn_journal_attempt("r1", claim.attempt_id, "w3", 30) is None
+    assert store.replace_turn_slot_attempt("r1", claim.attempt_id, "w3", 30) is None
 
 
 def test_replace_refusals(store: Store) -> None:
-    assert store.replace_turn_journal_attempt("nope", "x", "w", 30) is None
+    assert store.replace_turn_slot_attempt("nope", "x", "w", 30) is None
     admit(store, "q1")
-    assert store.replace_turn_journal_attempt("q1", "x", "w", 30, only_if_expired=False) is None
+    assert store.replace_turn_slot_attempt("q1", "x", "w", 30, only_if_expired=False) is None
     claim = claimed(store, "r1", "s2")
-    assert store.replace_turn_journal_attempt("r1", "other", "w", 30, only_if_expired=False) is None
-    forced = store.replace_turn_journal_attempt(
-        "r1", claim.attempt_id, "w", 30, only_if_expired=False
-    )
+    assert store.replace_turn_slot_attempt("r1", "other", "w", 30, only_if_expired=False) is None
+    forced = store.replace_turn_slot_attempt("r1", claim.attempt_id, "w", 30, only_if_expired=False)
     assert forced is not None
     assert store.settle_run(forced, "failed", {"why": "x"})
     assert (
-        store.replace_turn_journal_attempt("r1", forced.attempt_id, "w", 30, only_if_expired=False)
+        store.replace_turn_slot_attempt("r1", forced.attempt_id, "w", 30, only_if_expired=False)
         is None
     )
 
@@ -237,7 +235,7 @@ def test_list_runs_filters(store: Store) -> None:
 
 def test_unknown_runs_give_none(store: Store) -> None:
     assert store.get_run("nope") is None
-    assert store.get_turn_journal("nope") is None
+    assert store.get_turn_slot("nope") is None
 
 
 def test_an_unreachable_database_is_a_retryable_store_error() -> None:

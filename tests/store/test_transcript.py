@@ -148,8 +148,8 @@ def test_stale_queued_runs_and_mark_dispatched(store: Store) -> None:
 def test_prune_settled_deletes_segments_and_slots_in_batches(store: Store) -> None:
     claims = [claimed(store, f"r{i}", f"s{i}") for i in range(3)]
     for claim in claims:
-        assert store.begin_turn_journal(claim, 0, "t", None)
-        assert store.append_stream_segment(claim, f"k-{claim.run_id}", 0, b"data")
+        assert store.begin_turn_slot(claim, 0, "t", None)
+        assert store.append_segment(claim, f"k-{claim.run_id}", 0, b"data")
     assert store.settle_run(claims[0], "completed")
     assert store.settle_run(claims[1], "failed")
     assert store.prune_settled(3600, 10) == 0
@@ -158,11 +158,11 @@ def test_prune_settled_deletes_segments_and_slots_in_batches(store: Store) -> No
     assert store.prune_settled(0.01, 10) == 1
     assert store.prune_settled(0.01, 10) == 0
     for claim in claims[:2]:
-        assert store.get_turn_journal(claim.run_id) is None
-        assert store.stream_segments(f"k-{claim.run_id}") == []
+        assert store.get_turn_slot(claim.run_id) is None
+        assert store.segments(f"k-{claim.run_id}") == []
         assert store.get_run(claim.run_id).pruned_at is not None  # type: ignore[union-attr]
-    assert store.get_turn_journal("r2") is not None
-    assert store.stream_segments("k-r2") != []
+    assert store.get_turn_slot("r2") is not None
+    assert store.segments("k-r2") != []
 
 
 def test_session_leaf_and_entry_parent(store: Store) -> None:

@@ -250,7 +250,7 @@ def camel_usage(usage: Any) -> dict[str, int]:
 
 
 class Boundary(enum.Enum):
-    """What a chunk means for the turn journal."""
+    """What a chunk means for the turn slot."""
 
     TOOL_REQUEST = "tool_request"  # a tool call's arguments are complete
     TOOL_RESULT = "tool_result"  # a tool call was answered

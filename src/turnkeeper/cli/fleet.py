@@ -104,7 +104,7 @@ def reap(once: Once = False) -> None:
 
 
 def prune(once: Once = False) -> None:
-    """Delete segments and journal slots of runs settled long ago."""
+    """Delete segments and turn slots of runs settled long ago."""
     _sweep("prune", once, lambda s: s.prune_interval, lambda rt, _: reconciler.prune(rt))
 
 

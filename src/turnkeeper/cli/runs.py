@@ -122,7 +122,7 @@ def status(
     """Show a run's status, phase, epoch, attempts, owner, lease and error."""
     with client_from_env() as client:
         run = client.require(run_id)
-        journal = client.store.get_turn_journal(run_id)
+        journal = client.store.get_turn_slot(run_id)
         info = describe(run, journal.phase.value if journal else None)
     if as_json:
         print(json.dumps(info))
@@ -173,7 +173,7 @@ def runs(
         now = client.store.database_now()
         table = Table("run", "status", "phase", "epoch", "attempts", "owner", "lease")
         for run in listed:
-            journal = client.store.get_turn_journal(run.run_id)
+            journal = client.store.get_turn_slot(run.run_id)
             lease = "-"
             if run.lease_expires_at is not None and run.status.value == "running":
                 left = (run.lease_expires_at - now).total_seconds()

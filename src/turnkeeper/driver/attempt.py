@@ -103,7 +103,7 @@ class Attempt:
         self.spec = AgentSpec.from_payload(payload.get("agent", "scripted"))
         self.provider = runtime.provider(payload.get("provider"))
         self.translator = translator_for(self.spec.format, claim.run_id)
-        self.slot = self.store.get_turn_journal(claim.run_id)
+        self.slot = self.store.get_turn_slot(claim.run_id)
         self.recorder = TurnRecorder(self.store, claim, run.session_id, keeper.lost, self.slot)
         self.output = RunOutput(
             self.store, self.run_log, claim, keeper.lost, self.run_log.snapshot(claim.run_id)
@@ -141,10 +141,12 @@ class Attempt:
         )
         return RecoveryFacts(
             phase=self.slot.phase if self.slot else None,
-            stream_consumed=bool(self.slot and self.slot.stream_consumed_at),
+            journal_consumed=bool(self.slot and self.slot.journal_consumed_at),
             sandbox_alive=sandbox is not None,
             journal_present=journal_present,
-            has_segments=any(self.output.stored_end(j.stream_key) for j in self.placement.journals),
+            has_segments=any(
+                self.output.stored_end(j.journal_key) for j in self.placement.journals
+            ),
             can_continue=self.spec.can_continue,
             cancel_requested=self.run.cancel_requested_at is not None,
         )
@@ -152,14 +154,14 @@ class Attempt:
     # --- the recovery actions ----------------------------------------------------------
 
     def _start(self) -> None:
-        """Spawn the agent (reusing a journal slot recorded but never started)."""
+        """Spawn the agent (reusing a journal recorded but never started)."""
         sandbox = self._resume() or self._create_sandbox()
         last = self.placement.journals[-1] if self.placement.journals else None
         if (
             last is not None
             and last.ref.id == sandbox.ref.id
             and not _journal_exists(sandbox, last.paths)
-            and not self.output.stored_end(last.stream_key)
+            and not self.output.stored_end(last.journal_key)
         ):
             handle = last
             self._replay_previous(self.placement.journals[:-1])
@@ -173,7 +175,7 @@ class Attempt:
         assert sandbox is not None  # noqa: S101 - the classifier saw it alive
         *previous, current = self.placement.journals
         self._replay_previous(previous)
-        self.recorder.provider_started(current.stream_key)
+        self.recorder.provider_started(current.journal_key)
         self._follow(sandbox, current)
 
     def _finish_from_segments(self) -> None:
@@ -242,7 +244,7 @@ class Attempt:
             )
         except JournalExistsError:
             self._log.info("journal.already_started", journal=handle.paths.process)
-        self.recorder.provider_started(handle.stream_key)
+        self.recorder.provider_started(handle.journal_key)
         self._follow(sandbox, handle)
 
     def _follow(self, sandbox: Sandbox, handle: JournalHandle) -> None:
@@ -328,9 +330,9 @@ class Attempt:
             self.claim.run_id, exit_code, secret=self.rt.secret, sandbox_id=handle.ref.id
         )
         # At its own offset, so that bytes a predecessor stored are never stored twice.
-        self.output.write_bytes(handle.stream_key, sentinel_end - len(sentinel), sentinel)
+        self.output.write_bytes(handle.journal_key, sentinel_end - len(sentinel), sentinel)
         failpoint(self.settings, "sentinel-stored", self.claim.run_id)
-        self.recorder.mark_consumed(handle.stream_key)
+        self.recorder.mark_consumed(handle.journal_key)
         closing = self.translator.finish()
         self._emit(closing)
         self.recorder.commit_turn()
@@ -393,7 +395,7 @@ class Attempt:
     def _segment_lines(self, handle: JournalHandle) -> list[Line]:
         splitter = LineSplitter(0)
         lines: list[Line] = []
-        for segment in self.store.stream_segments(handle.stream_key):
+        for segment in self.store.segments(handle.journal_key):
             lines.extend(splitter.feed(segment.body))
         return lines
 
@@ -408,7 +410,7 @@ class Attempt:
         raw = [line + b"\n" for line, _ in lines]
         if store_bytes:
             start = lines[0][1] - len(raw[0])
-            self.output.write_bytes(handle.stream_key, start, b"".join(raw))
+            self.output.write_bytes(handle.journal_key, start, b"".join(raw))
         chunks: list[Chunk] = []
         for line in raw:
             chunks.extend(self.translator.feed(line))

@@ -81,30 +81,30 @@ class RunOutput:
 
     # --- journal bytes --------------------------------------------------------------
 
-    def stored_end(self, stream_key: str) -> int:
+    def stored_end(self, journal_key: str) -> int:
         """Where the stream's stored segments end (read once, then tracked)."""
-        if stream_key not in self._stored_ends:
-            segments = self.store.stream_segments(stream_key)
-            self._stored_ends[stream_key] = segments[-1].byte_end if segments else 0
-        return self._stored_ends[stream_key]
+        if journal_key not in self._stored_ends:
+            segments = self.store.segments(journal_key)
+            self._stored_ends[journal_key] = segments[-1].byte_end if segments else 0
+        return self._stored_ends[journal_key]
 
-    def write_bytes(self, stream_key: str, start: int, data: bytes) -> None:
+    def write_bytes(self, journal_key: str, start: int, data: bytes) -> None:
         """Store journal bytes ``[start, start + len)``; bytes already stored are skipped."""
         end = start + len(data)
-        stored = self.stored_end(stream_key)
+        stored = self.stored_end(journal_key)
         if end <= stored:
             return
         if start < stored:
             data, start = data[stored - start :], stored
         self.check_ownership()
-        if not self.store.append_stream_segment(self.claim, stream_key, start, data):
+        if not self.store.append_segment(self.claim, journal_key, start, data):
             # False: a stale attempt, or these very bytes were stored by a retry whose
             # reply was lost. Only the first means the run was taken away.
             run = self.store.get_run(self.claim.run_id)
             if run is None or run.attempt_id != self.claim.attempt_id:
                 self.lost.set()
                 self.check_ownership()
-        self._stored_ends[stream_key] = end
+        self._stored_ends[journal_key] = end
 
     # --- chunks ---------------------------------------------------------------------
 

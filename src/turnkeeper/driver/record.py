@@ -1,4 +1,4 @@
-"""The transcript and the journal slot, kept in step with the chunks of a run.
+"""The transcript and the turn slot, kept in step with the chunks of a run.
 
 Turn boundaries come from the translated stream (``TurnTracker``): the first
 tool call that ends moves the slot to ``tool_request_recorded``; when every call
@@ -19,7 +19,7 @@ import structlog
 from turnkeeper.agents.translator import TurnEvent, TurnTracker
 from turnkeeper.chunks import Chunk
 from turnkeeper.errors import OwnershipLostError
-from turnkeeper.store.records import Claim, NewEntry, TurnJournal, TurnPhase
+from turnkeeper.store.records import Claim, NewEntry, TurnPhase, TurnSlot
 from turnkeeper.store.store import Store
 
 _RANK = {
@@ -78,7 +78,7 @@ class TurnRecorder:
         claim: Claim,
         session_id: str,
         lost: threading.Event,
-        slot: TurnJournal | None,
+        slot: TurnSlot | None,
     ) -> None:
         self.store = store
         self.claim = claim
@@ -87,7 +87,7 @@ class TurnRecorder:
         self.tracker = TurnTracker()
         self.turn_index = 0
         self.leaf: str | None = None
-        self.stream_key: str | None = None
+        self.journal_key: str | None = None
         self.content = TurnContent()
         self._recorded: Position = (slot.turn_index, _RANK[slot.phase]) if slot else (-1, -1)
         self._turn_open = False
@@ -107,18 +107,18 @@ class TurnRecorder:
         self.leaf = self._append([entry], parent)
         self._slot_write(
             (0, 0),
-            lambda: self.store.begin_turn_journal(
+            lambda: self.store.begin_turn_slot(
                 self.claim, 0, self._turn_id(0), checkpoint_leaf_id=self.leaf
             ),
         )
 
-    def provider_started(self, stream_key: str) -> None:
-        self.stream_key = stream_key
+    def provider_started(self, journal_key: str) -> None:
+        self.journal_key = journal_key
         self._turn_open = True
         self._slot_write(
             (self.turn_index, 1),
-            lambda: self.store.update_turn_journal_phase(
-                self.claim, TurnPhase.PROVIDER_STARTED, stream_key=stream_key
+            lambda: self.store.update_turn_phase(
+                self.claim, TurnPhase.PROVIDER_STARTED, journal_key=journal_key
             ),
         )
 
@@ -129,12 +129,12 @@ class TurnRecorder:
 
     def interrupt(self) -> None:
         """Before interruption marks: the next agent process will stream under its own key."""
-        self.stream_key = None
+        self.journal_key = None
 
     def close_interrupted_turn(self) -> None:
         """After the marks: commit the turn they cut short (unless their outcome-unknown
         results completed it), so the next process begins a turn, and records its
-        stream key, of its own."""
+        journal key, of its own."""
         if self._turn_open:
             self.commit_turn()
             self._begin_next_turn()
@@ -148,7 +148,7 @@ class TurnRecorder:
                 request = self.content.tool_request()
                 self._slot_write(
                     (self.turn_index, 2),
-                    lambda request=request: self.store.update_turn_journal_phase(
+                    lambda request=request: self.store.update_turn_phase(
                         self.claim,
                         TurnPhase.TOOL_REQUEST_RECORDED,
                         tool_request=request,
@@ -163,12 +163,12 @@ class TurnRecorder:
     def pending_tool_calls(self) -> list[str]:
         return sorted(self.tracker.pending)
 
-    def mark_consumed(self, stream_key: str) -> None:
+    def mark_consumed(self, journal_key: str) -> None:
         if self._recorded >= (self.turn_index, 3):
             return
-        if not self.store.mark_stream_consumed(self.claim, stream_key):
-            journal = self.store.get_turn_journal(self.claim.run_id)
-            if journal is None or journal.stream_consumed_at is None:
+        if not self.store.mark_journal_consumed(self.claim, journal_key):
+            journal = self.store.get_turn_slot(self.claim.run_id)
+            if journal is None or journal.journal_consumed_at is None:
                 self._lose()
 
     def commit_turn(self) -> None:
@@ -178,7 +178,7 @@ class TurnRecorder:
         leaf = self.leaf
         if leaf is not None:
             self._slot_write(
-                (self.turn_index, 3), lambda: self.store.commit_turn_journal(self.claim, leaf)
+                (self.turn_index, 3), lambda: self.store.commit_turn_slot(self.claim, leaf)
             )
 
     def _begin_next_turn(self) -> None:
@@ -188,12 +188,12 @@ class TurnRecorder:
         index = self.turn_index
         self._slot_write(
             (index, 0),
-            lambda: self.store.begin_turn_journal(
+            lambda: self.store.begin_turn_slot(
                 self.claim, index, self._turn_id(index), checkpoint_leaf_id=self.leaf
             ),
         )
-        if self.stream_key is not None:
-            self.provider_started(self.stream_key)
+        if self.journal_key is not None:
+            self.provider_started(self.journal_key)
 
     def _turn_id(self, index: int) -> str:
         return f"{self.claim.run_id}/turn-{index}"

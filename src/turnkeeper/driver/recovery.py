@@ -1,6 +1,6 @@
 """The recovery classifier: what a takeover does with a run, from what survived.
 
-A pure function of facts gathered by the takeover (the journal slot, the
+A pure function of facts gathered by the takeover (the turn slot, the
 sandbox, the stored segments), so that every case is a row of a table test.
 The precedence follows one rule: never run the agent (and so the model, and its
 tools) again for output that a journal or the segments still hold.
@@ -33,8 +33,8 @@ class Recovery(enum.StrEnum):
 @dataclass(frozen=True, slots=True)
 class RecoveryFacts:
     phase: TurnPhase | None
-    """The journal slot's phase; None when the slot was never begun."""
-    stream_consumed: bool
+    """The turn slot's phase; None when the slot was never begun."""
+    journal_consumed: bool
     """The exit sentinel was seen and every journal byte is in the segments."""
     sandbox_alive: bool
     journal_present: bool
@@ -48,7 +48,7 @@ class RecoveryFacts:
 def classify(facts: RecoveryFacts) -> Recovery:
     if facts.cancel_requested:
         return Recovery.ABORT
-    if facts.stream_consumed:
+    if facts.journal_consumed:
         return Recovery.FINISH_FROM_SEGMENTS
     if facts.sandbox_alive and facts.journal_present:
         return Recovery.ATTACH

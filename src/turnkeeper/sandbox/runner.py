@@ -36,7 +36,7 @@ def nonce_for(ref: SandboxRef, run_id: str, secret: str | None) -> str:
     return sentinel_nonce(run_id, secret=secret, sandbox_id=ref.id)
 
 
-def stream_key(ref: SandboxRef, paths: JournalPaths) -> str:
+def journal_key(ref: SandboxRef, paths: JournalPaths) -> str:
     """A string naming one agent process's journal, unique across sandboxes."""
     return f"{ref.provider}:{ref.id}:{encode_run_id(paths.run_id)}.{paths.process}"
 
@@ -49,8 +49,8 @@ class JournalHandle:
     paths: JournalPaths
 
     @property
-    def stream_key(self) -> str:
-        return stream_key(self.ref, self.paths)
+    def journal_key(self) -> str:
+        return journal_key(self.ref, self.paths)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -124,5 +124,5 @@ def spawn_journaled(
     )
     sandbox.start_detached(writer_argv(paths, command, limits))
     handle = JournalHandle(ref, paths)
-    log.info("journal.spawned", run_id=run_id, stream_key=handle.stream_key)
+    log.info("journal.spawned", run_id=run_id, journal_key=handle.journal_key)
     return handle

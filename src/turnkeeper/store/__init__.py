@@ -5,10 +5,10 @@ from turnkeeper.store.records import (
     NewEntry,
     Run,
     RunStatus,
-    StreamSegment,
+    Segment,
     TranscriptEntry,
-    TurnJournal,
     TurnPhase,
+    TurnSlot,
 )
 from turnkeeper.store.store import Store
 
@@ -17,9 +17,9 @@ __all__ = [
     "NewEntry",
     "Run",
     "RunStatus",
+    "Segment",
     "Store",
-    "StreamSegment",
     "TranscriptEntry",
-    "TurnJournal",
     "TurnPhase",
+    "TurnSlot",
 ]

@@ -92,7 +92,7 @@ class MaintenanceMixin(StoreBase):
         return [r["sandbox_ref"] for r in self._db.rows("unsettled", q.UNSETTLED_SANDBOX_REFS, {})]
 
     def prune_settled(self, older_than: float, limit: int) -> int:
-        """Delete stream segments and journal slots of up to ``limit`` runs settled
+        """Delete segments and turn slots of up to ``limit`` runs settled
         more than ``older_than`` seconds ago; returns how many runs were pruned.
 
         Run rows (idempotency) and transcript entries (the conversation) are kept.

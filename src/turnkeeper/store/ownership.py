@@ -76,7 +76,7 @@ class OwnershipMixin(StoreBase):
             return False
         return True
 
-    def replace_turn_journal_attempt(
+    def replace_turn_slot_attempt(
         self,
         run_id: str,
         expected_attempt_id: str,
@@ -102,7 +102,7 @@ class OwnershipMixin(StoreBase):
             "lease_ttl": ttl,
             "only_if_expired": bool(only_if_expired),
         }
-        row = self._db.one("replace_turn_journal_attempt", q.REPLACE_ATTEMPT, params, run_id=run_id)
+        row = self._db.one("replace_turn_slot_attempt", q.REPLACE_ATTEMPT, params, run_id=run_id)
         if row is None:
             return None
         claim = Claim(row["run_id"], row["attempt_id"], row["epoch"])

@@ -19,9 +19,9 @@ RUN_COLUMNS = (
     "attempt_count, max_attempts, deadline, cancel_requested_at, sandbox_ref, created_at, "
     "started_at, finished_at, updated_at, error, dispatched_at, pruned_at"
 )
-JOURNAL_COLUMNS = (
-    "run_id, attempt_id, turn_index, turn_id, phase, revision, stream_key, tool_request, "
-    "checkpoint_leaf_id, committed_leaf_id, stream_consumed_at, created_at, updated_at"
+SLOT_COLUMNS = (
+    "run_id, attempt_id, turn_index, turn_id, phase, revision, journal_key, tool_request, "
+    "checkpoint_leaf_id, committed_leaf_id, journal_consumed_at, created_at, updated_at"
 )
 ENTRY_COLUMNS = (
     "session_id, entry_id, parent_id, run_id, attempt_id, kind, body, position, created_at"
@@ -42,7 +42,7 @@ WHERE j.run_id = :run_id AND j.attempt_id = :attempt_id
 # never input: every value reaches the database as a bound parameter.
 _FRAGMENTS = {
     "run_columns": RUN_COLUMNS,
-    "journal_columns": JOURNAL_COLUMNS,
+    "slot_columns": SLOT_COLUMNS,
     "entry_columns": ENTRY_COLUMNS,
     "r_run_columns": _q("r", RUN_COLUMNS),
     "e_entry_columns": _q("e", ENTRY_COLUMNS),
@@ -125,7 +125,7 @@ WITH replaced AS (
       AND (NOT CAST(:only_if_expired AS boolean) OR lease_expires_at < now())
     RETURNING run_id, attempt_id, epoch
 ), slot AS (
-    UPDATE turn_journals j SET attempt_id = replaced.attempt_id,
+    UPDATE turn_slots j SET attempt_id = replaced.attempt_id,
         revision = j.revision + 1, updated_at = now()
     FROM replaced WHERE j.run_id = replaced.run_id
 ), ended AS (
@@ -157,7 +157,7 @@ WITH candidates AS (
     FROM candidates c WHERE r.run_id = c.run_id
     RETURNING r.run_id, r.attempt_id, r.epoch, c.attempt_id AS old_attempt_id
 ), slot AS (
-    UPDATE turn_journals j SET attempt_id = replaced.attempt_id,
+    UPDATE turn_slots j SET attempt_id = replaced.attempt_id,
         revision = j.revision + 1, updated_at = now()
     FROM replaced WHERE j.run_id = replaced.run_id
 ), ended AS (
@@ -238,12 +238,12 @@ WHERE run_id = :run_id AND status IN ('queued', 'running')
 RETURNING $run_columns
 """)
 
-# --- turn journal ----------------------------------------------------------------------
+# --- turn slot --------------------------------------------------------------------------
 
 # Guarded by the attempt (the run row is share-locked, so a concurrent handoff
 # serializes with it) and by turns only moving forward.
-BEGIN_JOURNAL = text("""
-INSERT INTO turn_journals AS j
+BEGIN_TURN_SLOT = text("""
+INSERT INTO turn_slots AS j
     (run_id, attempt_id, turn_index, turn_id, phase, revision, checkpoint_leaf_id)
 SELECT r.run_id, r.attempt_id, :turn_index, :turn_id, 'before_provider', 1, :checkpoint_leaf_id
 FROM runs r
@@ -252,15 +252,15 @@ FOR SHARE
 ON CONFLICT (run_id) DO UPDATE SET
     turn_index = excluded.turn_index, turn_id = excluded.turn_id,
     phase = 'before_provider', revision = j.revision + 1,
-    stream_key = NULL, tool_request = NULL, checkpoint_leaf_id = excluded.checkpoint_leaf_id,
-    committed_leaf_id = NULL, stream_consumed_at = NULL, updated_at = now()
+    journal_key = NULL, tool_request = NULL, checkpoint_leaf_id = excluded.checkpoint_leaf_id,
+    committed_leaf_id = NULL, journal_consumed_at = NULL, updated_at = now()
 WHERE j.attempt_id = excluded.attempt_id AND excluded.turn_index > j.turn_index
 RETURNING j.revision
 """)
 
 UPDATE_PHASE = _sql("""
-UPDATE turn_journals j SET phase = :phase, revision = j.revision + 1, updated_at = now(),
-    stream_key = COALESCE(:stream_key, j.stream_key),
+UPDATE turn_slots j SET phase = :phase, revision = j.revision + 1, updated_at = now(),
+    journal_key = COALESCE(:journal_key, j.journal_key),
     tool_request = COALESCE(CAST(:tool_request AS jsonb), j.tool_request),
     checkpoint_leaf_id = COALESCE(:checkpoint_leaf_id, j.checkpoint_leaf_id)
 $owned_slot
@@ -268,25 +268,25 @@ $owned_slot
 RETURNING j.revision
 """)
 
-COMMIT_JOURNAL = _sql("""
-UPDATE turn_journals j SET phase = 'committed', committed_leaf_id = :committed_leaf_id,
+COMMIT_TURN_SLOT = _sql("""
+UPDATE turn_slots j SET phase = 'committed', committed_leaf_id = :committed_leaf_id,
     revision = j.revision + 1, updated_at = now()
 $owned_slot
   AND j.phase IN ('provider_started', 'tool_request_recorded')
 RETURNING j.revision
 """)
 
-MARK_STREAM_CONSUMED = _sql("""
-UPDATE turn_journals j SET stream_consumed_at = now(), revision = j.revision + 1,
+MARK_JOURNAL_CONSUMED = _sql("""
+UPDATE turn_slots j SET journal_consumed_at = now(), revision = j.revision + 1,
     updated_at = now()
 $owned_slot
-  AND j.phase <> 'committed' AND j.stream_key = :stream_key AND j.stream_consumed_at IS NULL
+  AND j.phase <> 'committed' AND j.journal_key = :journal_key AND j.journal_consumed_at IS NULL
 RETURNING j.revision
 """)
 
-GET_JOURNAL = _sql("SELECT $journal_columns FROM turn_journals WHERE run_id = :run_id")
+GET_TURN_SLOT = _sql("SELECT $slot_columns FROM turn_slots WHERE run_id = :run_id")
 
-# --- stream segments -------------------------------------------------------------------
+# --- segments --------------------------------------------------------------------------
 
 APPEND_SEGMENT = text("""
 WITH owner AS (
@@ -294,15 +294,15 @@ WITH owner AS (
     WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
     FOR SHARE
 ), tip AS (
-    SELECT COALESCE((SELECT byte_end FROM stream_segments WHERE stream_key = :stream_key
+    SELECT COALESCE((SELECT byte_end FROM segments WHERE journal_key = :journal_key
                      ORDER BY byte_start DESC LIMIT 1), 0) AS byte_end
 ), foreign_key AS (
-    SELECT 1 FROM stream_segments WHERE stream_key = :stream_key AND run_id <> :run_id LIMIT 1
+    SELECT 1 FROM segments WHERE journal_key = :journal_key AND run_id <> :run_id LIMIT 1
 ), inserted AS (
-    INSERT INTO stream_segments (stream_key, byte_start, byte_end, body, run_id)
-    SELECT :stream_key, :byte_start, :byte_end, :body, owner.run_id FROM owner, tip
+    INSERT INTO segments (journal_key, byte_start, byte_end, body, run_id)
+    SELECT :journal_key, :byte_start, :byte_end, :body, owner.run_id FROM owner, tip
     WHERE tip.byte_end = :byte_start AND NOT EXISTS (SELECT 1 FROM foreign_key)
-    ON CONFLICT (stream_key, byte_start) DO NOTHING
+    ON CONFLICT (journal_key, byte_start) DO NOTHING
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM inserted) AS inserted,
@@ -312,12 +312,12 @@ SELECT (SELECT count(*) FROM inserted) AS inserted,
 """)
 
 STORED_SEGMENT = text(
-    "SELECT body FROM stream_segments WHERE stream_key = :stream_key AND byte_start = :byte_start"
+    "SELECT body FROM segments WHERE journal_key = :journal_key AND byte_start = :byte_start"
 )
 
-STREAM_SEGMENTS = text("""
-SELECT stream_key, byte_start, byte_end, body FROM stream_segments
-WHERE stream_key = :stream_key AND byte_end > :from_byte
+SEGMENTS = text("""
+SELECT journal_key, byte_start, byte_end, body FROM segments
+WHERE journal_key = :journal_key AND byte_end > :from_byte
 ORDER BY byte_start
 """)
 
@@ -483,9 +483,9 @@ WITH batch AS (
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), segments AS (
-    DELETE FROM stream_segments s USING batch b WHERE s.run_id = b.run_id
+    DELETE FROM segments s USING batch b WHERE s.run_id = b.run_id
 ), slots AS (
-    DELETE FROM turn_journals j USING batch b WHERE j.run_id = b.run_id
+    DELETE FROM turn_slots j USING batch b WHERE j.run_id = b.run_id
 ), marked AS (
     UPDATE runs r SET pruned_at = now() FROM batch b WHERE r.run_id = b.run_id
     RETURNING r.run_id

@@ -40,7 +40,7 @@ class TurnPhase(StrEnum):
     COMMITTED = "committed"
 
 
-# Forward moves within a turn; `committed` is reached only through commit_turn_journal.
+# Forward moves within a turn; `committed` is reached only through commit_turn_slot.
 PHASE_PREDECESSORS: Mapping[TurnPhase, tuple[TurnPhase, ...]] = {
     TurnPhase.PROVIDER_STARTED: (TurnPhase.BEFORE_PROVIDER,),
     TurnPhase.TOOL_REQUEST_RECORDED: (TurnPhase.PROVIDER_STARTED,),
@@ -89,8 +89,8 @@ class Run:
 
 
 @dataclass(frozen=True, slots=True)
-class TurnJournal:
-    """The one journal slot of a run: how far its current turn got."""
+class TurnSlot:
+    """The one turn slot of a run: how far its current turn got."""
 
     run_id: str
     attempt_id: str
@@ -98,16 +98,16 @@ class TurnJournal:
     turn_id: str
     phase: TurnPhase
     revision: int
-    stream_key: str | None
+    journal_key: str | None
     tool_request: Any
     checkpoint_leaf_id: str | None
     committed_leaf_id: str | None
-    stream_consumed_at: datetime | None
+    journal_consumed_at: datetime | None
     created_at: datetime
     updated_at: datetime
 
     @classmethod
-    def from_row(cls, row: Mapping[Any, Any]) -> TurnJournal:
+    def from_row(cls, row: Mapping[Any, Any]) -> TurnSlot:
         values = dict(row)
         values["phase"] = TurnPhase(values["phase"])
         return cls(**values)
@@ -140,8 +140,8 @@ class TranscriptEntry:
 
 
 @dataclass(frozen=True, slots=True)
-class StreamSegment:
-    stream_key: str
+class Segment:
+    journal_key: str
     byte_start: int
     byte_end: int
     body: bytes

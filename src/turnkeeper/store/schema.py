@@ -107,8 +107,8 @@ attempts = sa.Table(
     sa.Column("outcome", sa.Text, nullable=True),
 )
 
-turn_journals = sa.Table(
-    "turn_journals",
+turn_slots = sa.Table(
+    "turn_slots",
     metadata,
     sa.Column(
         "run_id", sa.Text, sa.ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True
@@ -118,27 +118,27 @@ turn_journals = sa.Table(
     sa.Column("turn_id", sa.Text, nullable=False),
     sa.Column("phase", sa.Text, nullable=False),
     sa.Column("revision", sa.BigInteger, nullable=False),
-    sa.Column("stream_key", sa.Text, nullable=True),
+    sa.Column("journal_key", sa.Text, nullable=True),
     sa.Column("tool_request", JSONB, nullable=True),
     sa.Column("checkpoint_leaf_id", sa.Text, nullable=True),
     sa.Column("committed_leaf_id", sa.Text, nullable=True),
-    sa.Column("stream_consumed_at", _TS, nullable=True),
+    sa.Column("journal_consumed_at", _TS, nullable=True),
     sa.Column("created_at", _TS, nullable=False, server_default=_NOW),
     sa.Column("updated_at", _TS, nullable=False, server_default=_NOW),
     sa.CheckConstraint(_one_of("phase", TURN_PHASES), name="phase"),
 )
 
-stream_segments = sa.Table(
-    "stream_segments",
+segments = sa.Table(
+    "segments",
     metadata,
-    sa.Column("stream_key", sa.Text, primary_key=True),
+    sa.Column("journal_key", sa.Text, primary_key=True),
     sa.Column("byte_start", sa.BigInteger, primary_key=True),
     sa.Column("byte_end", sa.BigInteger, nullable=False),
     sa.Column("body", sa.LargeBinary, nullable=False),
     sa.Column("run_id", sa.Text, sa.ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
     sa.Column("created_at", _TS, nullable=False, server_default=_NOW),
     sa.CheckConstraint("byte_end > byte_start AND byte_start >= 0", name="extent"),
-    sa.Index("ix_stream_segments_run_id", "run_id"),
+    sa.Index("ix_segments_run_id", "run_id"),
 )
 
 transcript_entries = sa.Table(

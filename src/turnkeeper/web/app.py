@@ -215,7 +215,7 @@ def _add_run_routes(api: APIRouter, *, tokens_required: bool, ping_seconds: floa
     def described(state: WebState, request: Request, run_id: str) -> dict[str, Any]:
         store = state.client.store
         run = state.client.require(run_id)
-        view = run_view(run, store.get_turn_journal(run_id), store.database_now())
+        view = run_view(run, store.get_turn_slot(run_id), store.database_now())
         token = state.tokens.issue(run_id) if tokens_required else None
         view["stream_url"] = events_path(request.scope.get("root_path", ""), run_id, token)
         return view
@@ -252,7 +252,7 @@ def _add_run_routes(api: APIRouter, *, tokens_required: bool, ping_seconds: floa
         store = state.client.store
         runs = state.client.list_runs(status=status, session_id=session_id, limit=limit)
         now = store.database_now()
-        views = [run_view(run, store.get_turn_journal(run.run_id), now) for run in runs]
+        views = [run_view(run, store.get_turn_slot(run.run_id), now) for run in runs]
         return {"runs": views, "now": now.isoformat()}
 
     @api.get("/runs/{run_id:path}/events", tags=["runs"], response_class=EventSourceResponse)

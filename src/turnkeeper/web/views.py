@@ -6,14 +6,14 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from turnkeeper.store.records import Run, TranscriptEntry, TurnJournal
+from turnkeeper.store.records import Run, TranscriptEntry, TurnSlot
 
 
 def iso(value: datetime | None) -> str | None:
     return value.astimezone(UTC).isoformat() if value else None
 
 
-def run_view(run: Run, journal: TurnJournal | None, now: datetime) -> dict[str, Any]:
+def run_view(run: Run, journal: TurnSlot | None, now: datetime) -> dict[str, Any]:
     """A run for operators: status, phase, epoch, attempts, owner and the lease on the DB clock."""
     lease_left = None
     if run.lease_expires_at is not None and run.status.value == "running":

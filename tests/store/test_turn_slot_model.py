@@ -1,4 +1,4 @@
-"""The journal slot against a model: any sequence of owner writes, stale writes and
+"""The turn slot against a model: any sequence of owner writes, stale writes and
 handoffs leaves the stored slot exactly where the model says."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class Slot:
     turn_index: int
     phase: str
     revision: int
-    stream_key: str | None
+    journal_key: str | None
     consumed: bool
     committed_leaf_id: str | None
 
@@ -57,7 +57,7 @@ def test_the_journal_slot_follows_its_model(store: Store) -> None:
         )
         def begin(self, who: str, index: int, turn: int) -> None:
             claim = self._pick(who, index)
-            ok = store.begin_turn_journal(claim, turn, f"t{turn}", None)
+            ok = store.begin_turn_slot(claim, turn, f"t{turn}", None)
             slot = self.slot
             expected = self._owner(claim) and (slot is None or turn > slot.turn_index)
             assert ok == expected
@@ -80,14 +80,17 @@ def test_the_journal_slot_follows_its_model(store: Store) -> None:
         )
         def move(self, who: str, index: int, phase: str, key: str | None) -> None:
             claim = self._pick(who, index)
-            ok = store.update_turn_journal_phase(claim, phase, stream_key=key)
+            ok = store.update_turn_phase(claim, phase, journal_key=key)
             slot = self.slot
             expected = self._owner(claim) and slot is not None and slot.phase in PREDECESSORS[phase]
             assert ok == expected
             if expected:
                 assert slot is not None
                 self.slot = replace(
-                    slot, phase=phase, revision=slot.revision + 1, stream_key=key or slot.stream_key
+                    slot,
+                    phase=phase,
+                    revision=slot.revision + 1,
+                    journal_key=key or slot.journal_key,
                 )
 
         @rule(
@@ -97,7 +100,7 @@ def test_the_journal_slot_follows_its_model(store: Store) -> None:
         )
         def commit(self, who: str, index: int, leaf: str) -> None:
             claim = self._pick(who, index)
-            ok = store.commit_turn_journal(claim, leaf)
+            ok = store.commit_turn_slot(claim, leaf)
             slot = self.slot
             expected = (
                 self._owner(claim) and slot is not None and slot.phase in PREDECESSORS["committed"]
@@ -116,13 +119,13 @@ def test_the_journal_slot_follows_its_model(store: Store) -> None:
         )
         def consume(self, who: str, index: int, key: str) -> None:
             claim = self._pick(who, index)
-            ok = store.mark_stream_consumed(claim, key)
+            ok = store.mark_journal_consumed(claim, key)
             slot = self.slot
             expected = (
                 self._owner(claim)
                 and slot is not None
                 and slot.phase != "committed"
-                and slot.stream_key == key
+                and slot.journal_key == key
                 and not slot.consumed
             )
             assert ok == expected
@@ -133,7 +136,7 @@ def test_the_journal_slot_follows_its_model(store: Store) -> None:
         @rule(index=st.integers(0, 5))
         def handoff(self, index: int) -> None:
             expected = self.current if index % 3 else self._pick("stale", index)
-            new = store.replace_turn_journal_attempt(
+            new = store.replace_turn_slot_attempt(
                 self.run_id, expected.attempt_id, "model-2", 3600, only_if_expired=False
             )
             assert (new is not None) == self._owner(expected)
@@ -154,7 +157,7 @@ def test_the_journal_slot_follows_its_model(store: Store) -> None:
 
         @invariant()
         def slot_matches_the_model(self) -> None:
-            stored = store.get_turn_journal(self.run_id)
+            stored = store.get_turn_slot(self.run_id)
             if self.slot is None:
                 assert stored is None
                 return
@@ -164,8 +167,8 @@ def test_the_journal_slot_follows_its_model(store: Store) -> None:
                 "turn_index": stored.turn_index,
                 "phase": stored.phase,
                 "revision": stored.revision,
-                "stream_key": stored.stream_key,
-                "consumed": stored.stream_consumed_at is not None,
+                "journal_key": stored.journal_key,
+                "consumed": stored.journal_consumed_at is not None,
                 "committed_leaf_id": stored.committed_leaf_id,
             }
             assert Slot(**seen) == self.slot

@@ -1,4 +1,4 @@
-"""The turn journal slot and the stream segments: how far a run's turn got.
+"""The turn slot and the segments: how far a run's turn got.
 
 Every write is one statement guarded by the attempt; a committed turn refuses
 every later write to it, from any attempt.
@@ -14,9 +14,9 @@ from turnkeeper.store.database import StoreBase
 from turnkeeper.store.records import (
     PHASE_PREDECESSORS,
     Claim,
-    StreamSegment,
-    TurnJournal,
+    Segment,
     TurnPhase,
+    TurnSlot,
     check_claim,
     check_id,
     check_optional_id,
@@ -25,10 +25,10 @@ from turnkeeper.store.records import (
 )
 
 
-class JournalMixin(StoreBase):
-    """The per-run journal slot and its stored stream bytes."""
+class TurnsMixin(StoreBase):
+    """The per-run turn slot and the journal bytes stored as segments."""
 
-    def begin_turn_journal(
+    def begin_turn_slot(
         self, claim: Claim, turn_index: int, turn_id: str, checkpoint_leaf_id: str | None
     ) -> bool:
         """Start a new turn in the run's slot (reset in place, revision + 1).
@@ -45,15 +45,15 @@ class JournalMixin(StoreBase):
             "turn_id": check_id(turn_id, "turn_id"),
             "checkpoint_leaf_id": check_optional_id(checkpoint_leaf_id, "checkpoint_leaf_id"),
         }
-        row = self._db.one("begin_turn_journal", q.BEGIN_JOURNAL, params, run_id=claim.run_id)
+        row = self._db.one("begin_turn_slot", q.BEGIN_TURN_SLOT, params, run_id=claim.run_id)
         return row is not None
 
-    def update_turn_journal_phase(
+    def update_turn_phase(
         self,
         claim: Claim,
         phase: TurnPhase | str,
         *,
-        stream_key: str | None = None,
+        journal_key: str | None = None,
         tool_request: Any = None,
         checkpoint_leaf_id: str | None = None,
     ) -> bool:
@@ -62,11 +62,11 @@ class JournalMixin(StoreBase):
         target = check_phase(phase)
         if target is TurnPhase.COMMITTED:
             raise InvalidInputError(
-                "a turn is committed with commit_turn_journal", reason="use-commit"
+                "a turn is committed with commit_turn_slot", reason="use-commit"
             )
         if target is TurnPhase.BEFORE_PROVIDER:
             raise InvalidInputError(
-                "before_provider starts a turn: use begin_turn_journal", reason="use-begin"
+                "before_provider starts a turn: use begin_turn_slot", reason="use-begin"
             )
         predecessors = PHASE_PREDECESSORS[target]
         params = {
@@ -75,14 +75,14 @@ class JournalMixin(StoreBase):
             "phase": target.value,
             "from_a": predecessors[0].value,
             "from_b": predecessors[-1].value,
-            "stream_key": check_optional_id(stream_key, "stream_key"),
+            "journal_key": check_optional_id(journal_key, "journal_key"),
             "tool_request": None if tool_request is None else to_json(tool_request, "tool_request"),
             "checkpoint_leaf_id": check_optional_id(checkpoint_leaf_id, "checkpoint_leaf_id"),
         }
-        row = self._db.one("update_turn_journal_phase", q.UPDATE_PHASE, params, run_id=claim.run_id)
+        row = self._db.one("update_turn_phase", q.UPDATE_PHASE, params, run_id=claim.run_id)
         return row is not None
 
-    def commit_turn_journal(self, claim: Claim, committed_leaf_id: str) -> bool:
+    def commit_turn_slot(self, claim: Claim, committed_leaf_id: str) -> bool:
         """Commit the current turn; afterwards every write to that turn returns False."""
         check_claim(claim)
         params = {
@@ -90,38 +90,36 @@ class JournalMixin(StoreBase):
             "attempt_id": claim.attempt_id,
             "committed_leaf_id": check_id(committed_leaf_id, "committed_leaf_id"),
         }
-        row = self._db.one("commit_turn_journal", q.COMMIT_JOURNAL, params, run_id=claim.run_id)
+        row = self._db.one("commit_turn_slot", q.COMMIT_TURN_SLOT, params, run_id=claim.run_id)
         return row is not None
 
-    def mark_stream_consumed(self, claim: Claim, stream_key: str) -> bool:
-        """Record, once, that the turn's stream was read to its end."""
+    def mark_journal_consumed(self, claim: Claim, journal_key: str) -> bool:
+        """Record, once, that the turn's journal was read to its end."""
         check_claim(claim)
         params = {
             "run_id": claim.run_id,
             "attempt_id": claim.attempt_id,
-            "stream_key": check_id(stream_key, "stream_key"),
+            "journal_key": check_id(journal_key, "journal_key"),
         }
         row = self._db.one(
-            "mark_stream_consumed", q.MARK_STREAM_CONSUMED, params, run_id=claim.run_id
+            "mark_journal_consumed", q.MARK_JOURNAL_CONSUMED, params, run_id=claim.run_id
         )
         return row is not None
 
-    def get_turn_journal(self, run_id: str) -> TurnJournal | None:
+    def get_turn_slot(self, run_id: str) -> TurnSlot | None:
         check_id(run_id, "run_id")
-        row = self._db.one("get_turn_journal", q.GET_JOURNAL, {"run_id": run_id}, run_id=run_id)
-        return None if row is None else TurnJournal.from_row(row)
+        row = self._db.one("get_turn_slot", q.GET_TURN_SLOT, {"run_id": run_id}, run_id=run_id)
+        return None if row is None else TurnSlot.from_row(row)
 
-    def append_stream_segment(
-        self, claim: Claim, stream_key: str, byte_start: int, body: bytes
-    ) -> bool:
+    def append_segment(self, claim: Claim, journal_key: str, byte_start: int, body: bytes) -> bool:
         """Store journal bytes once, contiguously, fenced by the attempt.
 
         True: stored. False: a stale attempt, or this exact segment was already
         stored. SegmentConflictError: a different body at a stored offset, a gap,
-        or a stream key that belongs to another run.
+        or a journal key that belongs to another run.
         """
         check_claim(claim)
-        check_id(stream_key, "stream_key")
+        check_id(journal_key, "journal_key")
         if isinstance(byte_start, bool) or not isinstance(byte_start, int) or byte_start < 0:
             raise InvalidInputError(f"byte_start must be a non-negative integer: {byte_start!r}")
         if not isinstance(body, bytes | bytearray | memoryview) or len(body) == 0:
@@ -130,7 +128,7 @@ class JournalMixin(StoreBase):
         params = {
             "run_id": claim.run_id,
             "attempt_id": claim.attempt_id,
-            "stream_key": stream_key,
+            "journal_key": journal_key,
             "byte_start": byte_start,
             "byte_end": byte_start + len(data),
             "body": data,
@@ -138,9 +136,9 @@ class JournalMixin(StoreBase):
         fields: dict[str, Any] = {
             "run_id": claim.run_id,
             "attempt_id": claim.attempt_id,
-            "stream_key": stream_key,
+            "journal_key": journal_key,
         }
-        verdict = self._db.one("append_stream_segment", q.APPEND_SEGMENT, params, **fields)
+        verdict = self._db.one("append_segment", q.APPEND_SEGMENT, params, **fields)
         assert verdict is not None  # noqa: S101 - the statement always returns one row
         if verdict["inserted"]:
             return True
@@ -148,9 +146,9 @@ class JournalMixin(StoreBase):
             return False
         if verdict["other_run"]:
             raise SegmentConflictError(
-                "the stream key belongs to another run", reason="foreign-stream", **fields
+                "the journal key belongs to another run", reason="foreign-journal", **fields
             )
-        found = self._db.one("append_stream_segment", q.STORED_SEGMENT, params, **fields)
+        found = self._db.one("append_segment", q.STORED_SEGMENT, params, **fields)
         stored = None if found is None else found["body"]
         if stored is not None:
             if bytes(stored) == data:
@@ -170,18 +168,18 @@ class JournalMixin(StoreBase):
             **fields,
         )
 
-    def stream_segments(self, stream_key: str, from_byte: int = 0) -> list[StreamSegment]:
+    def segments(self, journal_key: str, from_byte: int = 0) -> list[Segment]:
         """The stored bytes from ``from_byte`` on, in order (the first segment trimmed)."""
-        check_id(stream_key, "stream_key")
+        check_id(journal_key, "journal_key")
         if isinstance(from_byte, bool) or not isinstance(from_byte, int) or from_byte < 0:
             raise InvalidInputError(f"from_byte must be a non-negative integer: {from_byte!r}")
         rows = self._db.rows(
-            "stream_segments", q.STREAM_SEGMENTS, {"stream_key": stream_key, "from_byte": from_byte}
+            "segments", q.SEGMENTS, {"journal_key": journal_key, "from_byte": from_byte}
         )
         segments = []
         for row in rows:
             start, body = row["byte_start"], bytes(row["body"])
             if start < from_byte:
                 body, start = body[from_byte - start :], from_byte
-            segments.append(StreamSegment(row["stream_key"], start, row["byte_end"], body))
+            segments.append(Segment(row["journal_key"], start, row["byte_end"], body))
         return segments
