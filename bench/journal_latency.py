@@ -17,9 +17,10 @@ from pathlib import Path
 
 import structlog
 
-from turnkeeper.sandbox import JournalReader, SandboxSpec, nonce_for, spawn_journaled
+from turnkeeper.sandbox import AgentCommand, JournalReader, SandboxSpec, spawn_journaled
 from turnkeeper.sandbox.bwrap import BwrapProvider
 from turnkeeper.sandbox.local import LocalProvider
+from turnkeeper.sandbox.uids import UidPool
 
 AGENT = (
     "import sys, time\n"
@@ -47,20 +48,27 @@ def via_pipe(lines: int, gap: float) -> list[float]:
     return out
 
 
+BENCH_UIDS = (1900000000, 1900065535)  # TURNKEEPER_SANDBOX_UIDS's default range
+
+
 def via_journal(
     provider_name: str, strategy: str, lines: int, gap: float, poll: float
 ) -> list[float]:
     root = Path(tempfile.mkdtemp(prefix="tk-bench-"))
-    provider = BwrapProvider(root) if provider_name == "bwrap" else LocalProvider(root)
+    provider = (
+        BwrapProvider(root, uids=UidPool(*BENCH_UIDS))
+        if provider_name == "bwrap"
+        else LocalProvider(root)
+    )
     ref = provider.create("bench", SandboxSpec())
     sandbox = provider.resume(ref)
     assert sandbox is not None
     try:
-        handle = spawn_journaled(
-            sandbox, "bench", [sys.executable, "-c", AGENT, str(lines), str(gap)]
-        )
+        argv = (sys.executable, "-c", AGENT, str(lines), str(gap))
+        command = AgentCommand(argv, read_only=(sys.prefix, sys.base_prefix))
+        handle = spawn_journaled(sandbox, "bench", command)
         reader = JournalReader(
-            sandbox, handle.paths, nonce=nonce_for(ref, "bench", None),
+            sandbox, handle.paths, nonce=handle.nonce,
             strategy=strategy, poll_interval=poll,  # type: ignore[arg-type]
         )  # fmt: skip
         out = [(time.monotonic_ns() - int(line)) / 1e6 for line, _ in reader]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import structlog
 
-from turnkeeper.sandbox import JournalReader, SandboxSpec, exit_sentinel_line, nonce_for
+from turnkeeper.sandbox import JournalReader, SandboxSpec, exit_sentinel_line, new_nonce
 from turnkeeper.sandbox.journal import JournalPaths
 from turnkeeper.sandbox.local import LocalProvider
 
@@ -36,11 +36,12 @@ def main() -> None:
     sandbox = provider.resume(ref)
     assert sandbox is not None
     paths = JournalPaths(ref.journal_dir, "bench", 1)
+    nonce = new_nonce()
     line = b'{"type":"TEXT_MESSAGE_CONTENT","messageId":"bench-0","delta":"' + b"x" * 60 + b'"}\n'
     count = size_mb * 1024 * 1024 // len(line)
     with Path(paths.journal).open("wb") as journal:
         journal.writelines(line * 1000 for _ in range(count // 1000))
-        journal.write(exit_sentinel_line("bench", 0, sandbox_id=ref.id))
+        journal.write(exit_sentinel_line(0, nonce))
     Path(paths.lock).touch()
     size = Path(paths.journal).stat().st_size
     print(f"journal: {size / 1e6:.1f} MB, {count // 1000 * 1000} lines")
@@ -52,7 +53,7 @@ def main() -> None:
         reader = JournalReader(
             sandbox,
             paths,
-            nonce=nonce_for(ref, "bench", None),
+            nonce=nonce,
             strategy=strategy,  # type: ignore[arg-type]
         )
         n = sum(1 for _ in reader)

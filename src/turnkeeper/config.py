@@ -6,6 +6,7 @@ passed down; no other module reads the environment.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal, Self
 from urllib.parse import urlsplit
@@ -38,6 +39,24 @@ def _check_url(value: str, schemes: set[str], what: str) -> str:
     except ValueError:
         raise ValueError(f"{what} URL has an invalid port: {value!r}") from None
     return value
+
+
+_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:I?B)?", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``4294967296``, ``4G``, ``512M``, ``1.5GiB``... (powers of 1024)."""
+    match = _SIZE.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not a size (bytes, or a number with K, M, G or T)")
+    number, unit = match.groups()
+    power = "KMGT".index(unit.upper()) + 1 if unit else 0
+    return int(float(number) * 1024**power)
+
+
+def split_paths(text: str) -> list[str]:
+    """Paths separated by colons or commas, blanks dropped."""
+    return [part.strip() for part in re.split(r"[:,]", text) if part.strip()]
 
 
 def plain_postgres_url(url: str) -> str:
@@ -94,7 +113,24 @@ class Settings(BaseSettings):
     run_timeout: float = Field(default=3600.0, gt=0, description="Deadline of a run after admit.")
 
     # Sandboxes and journals.
-    sandbox_provider: Literal["local", "bwrap", "ssh"] = "local"
+    sandbox_provider: Literal["local", "bwrap", "ssh"] = Field(
+        default="bwrap",
+        description="Where agents run; `local` is no security boundary (see the README).",
+    )
+    sandbox_ro_binds: str = Field(
+        default="",
+        description="Extra host paths the jail shows read-only, colon- or comma-separated.",
+    )
+    sandbox_memory: int = Field(
+        default=4 * 1024**3, gt=0, description="Memory of one sandbox, bytes or 4G, 512M..."
+    )
+    sandbox_cpus: float = Field(default=2.0, gt=0, le=1024, description="CPUs of one sandbox.")
+    sandbox_pids: int = Field(default=1024, ge=16, description="Tasks of one sandbox.")
+    sandbox_uids: str = Field(
+        default="1900000000-1900065535",
+        pattern=r"^[0-9]+-[0-9]+$",
+        description="Host uids a root worker gives its sandboxes, one each: FIRST-LAST.",
+    )
     sandbox_root: Path | None = Field(
         default=None, description="Where local sandboxes live; defaults to DATA_DIR/sandboxes."
     )
@@ -139,6 +175,30 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["auto", "json", "console"] = "auto"
 
+    @field_validator("sandbox_memory", mode="before")
+    @classmethod
+    def _size(cls, value: object) -> object:
+        return parse_size(value) if isinstance(value, str) else value
+
+    @field_validator("sandbox_ro_binds")
+    @classmethod
+    def _ro_binds(cls, value: str) -> str:
+        paths = split_paths(value)
+        for path in paths:
+            if not path.startswith("/") or path == "/":
+                raise ValueError(f"{path!r} is not an absolute path below /")
+            if any(part in (".", "..") for part in path.split("/")) or "\n" in path:
+                raise ValueError(f"{path!r} is not a normalized path")
+        return ",".join(paths)
+
+    @field_validator("sandbox_uids")
+    @classmethod
+    def _uids(cls, value: str) -> str:
+        first, last = (int(n) for n in value.split("-"))
+        if not 1000 <= first <= last < 2**32 - 1:
+            raise ValueError(f"{value!r} is not a range of unprivileged uids (FIRST-LAST, >= 1000)")
+        return value
+
     @field_validator("database_url")
     @classmethod
     def _database_url(cls, value: str | None) -> str | None:
@@ -167,6 +227,15 @@ class Settings(BaseSettings):
     def uses_embedded(self) -> bool:
         """True when the database or Redis URL is unset and the embedded servers stand in."""
         return self.database_url is None or self.redis_url is None
+
+    @property
+    def ro_bind_paths(self) -> tuple[str, ...]:
+        return tuple(split_paths(self.sandbox_ro_binds))
+
+    @property
+    def sandbox_uid_range(self) -> tuple[int, int]:
+        first, last = (int(n) for n in self.sandbox_uids.split("-"))
+        return first, last
 
     @property
     def sandboxes_dir(self) -> Path:

@@ -142,10 +142,6 @@ class RunIdEncodingError(JournalError):
     """A journal file name does not decode to a run id."""
 
 
-class JournalUnavailableError(JournalError):
-    """The run's journal cannot be attached to (unknown run, terminal run, or it never appeared)."""
-
-
 class JournalExistsError(JournalError):
     """This agent process's journal already exists; a journal is never appended to twice."""
 

@@ -96,7 +96,7 @@ def reap(rt: WorkerRuntime) -> ReapReport:
             destroyed += 1
         except TurnkeeperError as exc:
             log.warning("reap.failed", run_id=run.run_id, error=str(exc))
-    orphans = _reap_orphans(rt)
+    orphans = _reap_orphans(rt) + _sweep(rt)
     logs_ended = _end_open_logs(rt)
     report = ReapReport(destroyed, orphans, logs_ended)
     if destroyed or orphans or logs_ended:
@@ -140,6 +140,15 @@ def _sandbox_ref(placement: Any) -> SandboxRef | None:
     """The sandbox of a run's placement record (see ``driver.attempt.Placement``)."""
     sandbox = placement.get("sandbox") if isinstance(placement, dict) else None
     return SandboxRef.from_dict(sandbox) if sandbox else None
+
+
+def _sweep(rt: WorkerRuntime) -> int:
+    """What destroyed sandboxes left on this host: cgroups, uid claims."""
+    try:
+        return rt.provider().sweep()
+    except TurnkeeperError as exc:
+        log.warning("reap.sweep_failed", error=str(exc))
+        return 0
 
 
 def _reap_orphans(rt: WorkerRuntime) -> int:

@@ -3,83 +3,95 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
+import turnkeeper
 from turnkeeper.agents.spec import AgentSpec
 from turnkeeper.errors import AgentError, UnknownAgentError
+from turnkeeper.sandbox import PROMPT, PROMPT_FILE, AgentCommand
 
 
 def test_a_command_spec_places_the_prompt_only_in_its_own_element() -> None:
     spec = AgentSpec.from_payload(
         {
-            "command": ["my-agent", "--task", "{prompt}", "x{prompt}"],
+            "command": ["my-agent", "--task", "{prompt}", "x{prompt}", "{prompt_file}"],
             "format": "agui",
             "env": {"A": "1"},
         }
     )
-    assert spec.argv("rm -rf / ; echo") == ["my-agent", "--task", "rm -rf / ; echo", "x{prompt}"]
+    assert spec.argv("rm -rf / ; echo") == [
+        "my-agent", "--task", "rm -rf / ; echo", "x{prompt}", "{prompt_file}",
+    ]  # fmt: skip
+    assert spec.start_command() == AgentCommand(
+        ("my-agent", "--task", PROMPT, "x{prompt}", PROMPT_FILE), env={"A": "1"}
+    )
     assert spec.env == {"A": "1"}
     assert not spec.can_continue
     with pytest.raises(AgentError) as caught:
-        spec.continuation_argv("p")
+        spec.continuation_command()
     assert caught.value.reason == "cannot-continue"
     assert AgentSpec.from_payload(spec.to_payload()) == spec
+    on_stdin = AgentSpec.from_payload({"command": ["cat"], "format": "text", "prompt_stdin": True})
+    assert on_stdin.start_command() == AgentCommand(("cat",), stdin_prompt=True)
+    assert AgentSpec.from_payload(on_stdin.to_payload()) == on_stdin
 
 
 def test_presets_resolve_to_their_commands() -> None:
     scripted = AgentSpec.from_payload({"preset": "scripted", "seed": 7, "turns": 3})
     assert scripted.format == "claude-code"
-    assert scripted.argv("hi") == [
-        sys.executable,
-        "-m",
-        "turnkeeper.agents.scripted",
-        "--prompt",
-        "hi",
-        "--seed",
-        "7",
-        "--turns",
-        "3",
-        "--pace",
-        "0.05",
-    ]
-    assert scripted.continuation_argv("go on", start_turn=2)[-2:] == ["--start-turn", "2"]
+    argv = (
+        sys.executable, "-m", "turnkeeper.agents.scripted", "--prompt", PROMPT,
+        "--seed", "7", "--turns", "3", "--pace", "0.05",
+    )  # fmt: skip
+    package = str(Path(turnkeeper.__file__).resolve().parent)
+    read_only = tuple(dict.fromkeys([sys.prefix, sys.base_prefix, package]))
+    assert scripted.start_command() == AgentCommand(argv, read_only=read_only)
+    assert scripted.argv("hi")[4] == "hi"
+    assert scripted.continuation_command(start_turn=2).argv[-2:] == ("--start-turn", "2")
     assert scripted.to_payload() == {"preset": "scripted", "seed": 7, "turns": 3}
     assert AgentSpec.from_payload(scripted.to_payload()) == scripted
 
+    # The CLI presets read the prompt on stdin: no argument of theirs is ever the prompt.
     claude = AgentSpec.from_payload("claude-code")
-    assert claude.argv("fix it") == [
-        "claude",
-        "-p",
-        "fix it",
-        "--output-format",
-        "stream-json",
-        "--verbose",
-        "--include-partial-messages",
-    ]
-    assert claude.continuation_argv("go on", session_id="s-1")[:5] == [
-        "claude",
-        "-p",
-        "go on",
-        "--resume",
-        "s-1",
-    ]
+    flags = ("--output-format", "stream-json", "--verbose", "--include-partial-messages")
+    assert claude.start_command() == AgentCommand(("claude", "-p", *flags), stdin_prompt=True)
+    assert claude.continuation_command(session_id="s-1") == AgentCommand(
+        ("claude", "-p", "--resume", "s-1", *flags), stdin_prompt=True
+    )
     with pytest.raises(AgentError) as caught:
-        claude.continuation_argv("go on")
+        claude.continuation_command()
     assert caught.value.reason == "no-session-id"
 
     codex = AgentSpec.from_payload({"preset": "codex", "args": ["--skip-git-repo-check"]})
     assert codex.format == "codex"
-    assert codex.argv("p") == ["codex", "exec", "--json", "--skip-git-repo-check", "p"]
-    assert codex.continuation_argv("q", session_id="th") == [
-        "codex",
-        "exec",
-        "--json",
-        "--skip-git-repo-check",
-        "resume",
-        "th",
-        "q",
-    ]
+    assert codex.start_command() == AgentCommand(
+        ("codex", "exec", "--json", "--skip-git-repo-check", "-"), stdin_prompt=True
+    )
+    assert codex.continuation_command(session_id="th").argv == (
+        "codex", "exec", "--json", "--skip-git-repo-check", "resume", "th", "-",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["LD_PRELOAD", "LD_LIBRARY_PATH", "BASH_ENV", "ENV", "BASH_FUNC_x%%", "PYTHONSTARTUP",
+     "PYTHONPATH", "PERL5OPT", "NODE_OPTIONS", "GIT_SSH_COMMAND", "GIT_CONFIG_COUNT",
+     "GIT_CONFIG_PARAMETERS", "JAVA_TOOL_OPTIONS", "GLIBC_TUNABLES", "https_proxy", "NO_PROXY"],
+)  # fmt: skip
+def test_environment_names_that_run_code_are_refused(name: str) -> None:
+    with pytest.raises(AgentError, match=f"env.*{name.replace('%', '')[:8]}") as caught:
+        AgentSpec.from_payload({"command": ["x"], "format": "text", "env": {name: "v"}})
+    assert caught.value.reason == "bad-spec"
+    with pytest.raises(AgentError):  # a preset's env is checked the same way
+        AgentSpec.from_payload({"preset": "claude-code", "env": {name: "v"}})
+
+
+def test_ordinary_environment_names_pass() -> None:
+    env = {"ANTHROPIC_API_KEY": "k", "PATH": "/opt/bin:/usr/bin", "_X1": "", "GIT_AUTHOR_NAME": "a"}
+    spec = AgentSpec.from_payload({"command": ["x"], "format": "text", "env": env})
+    assert spec.start_command().env == env
 
 
 @pytest.mark.parametrize(
@@ -91,6 +103,8 @@ def test_presets_resolve_to_their_commands() -> None:
         ({"command": [], "format": "text"}, AgentError, "command"),
         ({"command": ["x"], "format": "yaml"}, AgentError, "format"),
         ({"command": ["x"], "format": "text", "env": {"A=B": "1"}}, AgentError, "env"),
+        ({"command": ["x"], "format": "text", "env": {"1A": "1"}}, AgentError, "env"),
+        ({"command": ["x"], "format": "text", "env": {"A": "\x00"}}, AgentError, "NUL"),
         ({"command": ["x\x00"], "format": "text"}, AgentError, "NUL"),
         ({"command": ["x"], "format": "text", "surprise": 1}, AgentError, "surprise"),
     ],

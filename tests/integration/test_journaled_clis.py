@@ -6,7 +6,6 @@ and the journal read back through :class:`JournalReader` must translate to exact
 chunks a direct run gives.
 """
 
-# ruff: noqa: S105 - the sentinel secret here is a test value, not a credential
 from __future__ import annotations
 
 import threading
@@ -31,12 +30,10 @@ from tests.integration.agent_runs import (
 from tests.integration.model_server import ModelServer
 from tests.integration.npm_cache import AgentClis
 from turnkeeper.agents.spec import AgentSpec
-from turnkeeper.sandbox import JournalReader, SandboxSpec, StopSignal, nonce_for, spawn_journaled
+from turnkeeper.sandbox import JournalReader, SandboxSpec, StopSignal, spawn_journaled
 from turnkeeper.sandbox.local import LocalProvider
 
 pytestmark = pytest.mark.slow
-
-SECRET = "integration-secret"
 
 
 def run_journaled(
@@ -47,21 +44,21 @@ def run_journaled(
 ) -> tuple[list[bytes], int | None]:
     """Spawn the spec's command journaled in a fresh local sandbox; its lines and exit code."""
     provider = LocalProvider(tmp_path / "sandboxes")
-    created = provider.create(run_id, SandboxSpec())
+    ref = provider.create(run_id, SandboxSpec())
     # HOME stays the sandbox's own (its workspace), where the env builder writes configs.
-    env = {k: v for k, v in env_for(Path(created.workspace)).items() if k != "HOME"}
-    ref = replace(created, spec=SandboxSpec(env={**env, **spec.env}))
+    env = {k: v for k, v in env_for(Path(ref.workspace)).items() if k != "HOME"}
     sandbox = provider.resume(ref)
     assert sandbox is not None
     stop = StopSignal()
     guard = threading.Timer(RUN_TIMEOUT, stop.set)  # a hang guard, not an expectation
     guard.start()
     try:
-        handle = spawn_journaled(sandbox, run_id, spec.argv(PROMPT), secret=SECRET)
+        command = replace(spec.start_command(), env={**env, **spec.env})
+        handle = spawn_journaled(sandbox, run_id, command, prompt=PROMPT.encode())
         reader = JournalReader(
             sandbox,
             handle.paths,
-            nonce=nonce_for(ref, run_id, SECRET),
+            nonce=handle.nonce,
             stop=stop,
             first_byte_timeout=RUN_TIMEOUT,
         )

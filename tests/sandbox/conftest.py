@@ -21,9 +21,12 @@ from turnkeeper.sandbox.bwrap import BwrapProvider
 from turnkeeper.sandbox.local import LocalProvider
 from turnkeeper.sandbox.provider import Sandbox, SandboxProvider, SandboxSpec
 from turnkeeper.sandbox.ssh import SshProvider, SshTarget
+from turnkeeper.sandbox.uids import UidPool
 
 SSHD = "/usr/sbin/sshd"
 PROVIDERS = ["local", "bwrap", "ssh"]
+TEST_UIDS = (1900000000, 1900065535)
+"""The default range of TURNKEEPER_SANDBOX_UIDS: the uids a root worker's jails get."""
 
 
 def _free_port() -> int:
@@ -90,7 +93,7 @@ def make_provider(name: str, request: pytest.FixtureRequest, root: Path) -> Sand
     if name == "bwrap":
         if shutil.which("bwrap") is None:
             pytest.skip("bubblewrap (bwrap) is not installed")
-        return BwrapProvider(root)
+        return BwrapProvider(root, uids=UidPool(*TEST_UIDS))
     target: SshTarget = request.getfixturevalue("ssh_target")
     provider = SshProvider(target)
     request.addfinalizer(provider.close)

@@ -1,6 +1,5 @@
 """Pure parts: run-id codec, journal names, sentinel bytes and parsing, line splitting."""
 
-# ruff: noqa: S106 - sentinel keys in these tests are fixtures, not credentials
 from __future__ import annotations
 
 import json
@@ -21,10 +20,10 @@ from turnkeeper.sandbox.codec import (
 from turnkeeper.sandbox.journal import (
     JournalPaths,
     exit_sentinel_line,
-    find_exit,
+    final_exit,
+    new_nonce,
     parse_sentinel,
     read_argv,
-    sentinel_nonce,
 )
 from turnkeeper.sandbox.lines import LineSplitter
 from turnkeeper.sandbox.provider import SandboxRef, SandboxSpec
@@ -118,25 +117,29 @@ def test_paths_and_sentinel_bytes() -> None:
     paths = JournalPaths("/j/", "run 1", 2)
     assert paths.journal == "/j/run_201.2.ndjson"
     assert paths.stderr == "/j/run_201.2.err"
-    nonce = sentinel_nonce("run 1", secret="s3cret")
-    assert exit_sentinel_line("run 1", 7, secret="s3cret") == (
-        b'{"__exit":7,"__nonce":"' + nonce.encode() + b'"}\n'
-    )
-    assert json.loads(exit_sentinel_line("r", -1)) == {"__exit": -1, "__nonce": sentinel_nonce("r")}
-    assert sentinel_nonce("a", secret="s") != sentinel_nonce("b", secret="s")
-    assert sentinel_nonce("a", secret="s") != sentinel_nonce("a", secret="t")
-    assert sentinel_nonce("a", sandbox_id="x") != sentinel_nonce("a", sandbox_id="y")
-    assert sentinel_nonce("a", secret="s") != sentinel_nonce("a")
+    assert (paths.prompt_file, paths.env_file) == ("/j/run_201.2.prompt", "/j/run_201.2.env")
+    nonce = new_nonce()
+    assert exit_sentinel_line(7, nonce) == b'{"__exit":7,"__nonce":"' + nonce.encode() + b'"}\n'
+    assert json.loads(exit_sentinel_line(-1, nonce)) == {"__exit": -1, "__nonce": nonce}
     with pytest.raises(JournalError):
         read_argv(paths, -1)
 
 
+def test_nonces_are_random_and_well_formed() -> None:
+    nonces = {new_nonce() for _ in range(100)}
+    assert len(nonces) == 100
+    assert all(len(n) == 64 and set(n) <= set("0123456789abcdef") for n in nonces)
+    for bad in ("", "A" * 64, "0" * 63, "g" * 64):
+        with pytest.raises(JournalError):
+            exit_sentinel_line(0, bad)
+
+
 def test_parse_sentinel_refuses_forgeries() -> None:
-    nonce = sentinel_nonce("r", secret="s")
-    line = exit_sentinel_line("r", 3, secret="s").rstrip(b"\n")
+    nonce, other = new_nonce(), new_nonce()
+    line = exit_sentinel_line(3, nonce).rstrip(b"\n")
     assert parse_sentinel(line, nonce) == 3
     assert parse_sentinel(b'{"__exit":0}', nonce) is None
-    assert parse_sentinel(exit_sentinel_line("other", 0, secret="s").rstrip(), nonce) is None
+    assert parse_sentinel(exit_sentinel_line(0, other).rstrip(), nonce) is None
     assert parse_sentinel(b'{"__exit":0,"__nonce":"' + b"0" * 64 + b'"}', nonce) is None
     assert parse_sentinel(b'{"text":"{\\"__exit\\":0}"}', nonce) is None
     for bad in (
@@ -149,13 +152,17 @@ def test_parse_sentinel_refuses_forgeries() -> None:
             parse_sentinel(bad % nonce.encode(), nonce)
 
 
-def test_find_exit_reads_from_the_end() -> None:
-    nonce = sentinel_nonce("r")
-    tail = b'ial line\n{"__exit":0}\n' + exit_sentinel_line("r", 4)
-    assert find_exit(tail, nonce) == 4
-    assert find_exit(b'x\n{"__exit":0}\n', nonce) is None
-    assert find_exit(exit_sentinel_line("r", 4)[10:], nonce) is None  # cut sentinel
-    assert find_exit(b"", nonce) is None
+def test_final_exit_accepts_only_the_last_line() -> None:
+    nonce = new_nonce()
+    sentinel = exit_sentinel_line(4, nonce)
+    assert final_exit(b'ial line\n{"__exit":0}\n' + sentinel, nonce) == 4
+    assert final_exit(sentinel, nonce) == 4
+    assert final_exit(sentinel + b"after\n", nonce) is None
+    assert final_exit(sentinel + b"x", nonce) is None
+    assert final_exit(sentinel.rstrip(b"\n"), nonce) is None  # no newline yet
+    assert final_exit(b'x\n{"__exit":0}\n', nonce) is None
+    assert final_exit(sentinel[10:], nonce) is None  # cut sentinel
+    assert final_exit(b"", nonce) is None
 
 
 def test_line_splitter_is_byte_exact() -> None:
@@ -171,7 +178,7 @@ def test_line_splitter_is_byte_exact() -> None:
 
 def test_sandbox_ref_json_round_trip() -> None:
     ref = SandboxRef(
-        "ssh", "abc", "/srv/abc", SandboxSpec(env={"K": "v"}, network=True, cpu_seconds=5),
+        "ssh", "abc", "/srv/abc", SandboxSpec(journal_max_bytes=5),
         {"host": "h", "port": 22, "user": "u"},
     )  # fmt: skip
     data = json.loads(json.dumps(ref.to_dict()))

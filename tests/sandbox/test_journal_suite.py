@@ -1,6 +1,5 @@
 """The journal conformance suite, run against every provider (local, bwrap, ssh)."""
 
-# ruff: noqa: S105 - sentinel keys in these tests are fixtures, not credentials
 from __future__ import annotations
 
 import contextlib
@@ -17,40 +16,40 @@ from pathlib import Path
 
 import psutil
 import pytest
+from tests.sandbox.conftest import TEST_UIDS
 
 from turnkeeper.errors import AgentVanishedError, JournalExistsError, JournalStalledError
 from turnkeeper.sandbox import (
+    AgentCommand,
+    JournalHandle,
     JournalPaths,
     JournalReader,
     Sandbox,
     SandboxProvider,
     SandboxSpec,
     StopSignal,
-    cleanup_journal,
     exit_sentinel_line,
     latest_journal,
     list_journals,
-    nonce_for,
     parse_journal_name,
-    probe_exit,
     spawn_journaled,
     stderr_tail,
     strategy_for,
 )
-from turnkeeper.sandbox.journal import LIVENESS_ALIVE, liveness_argv
+from turnkeeper.sandbox.jail import WORKSPACE
+from turnkeeper.sandbox.journal import LIVENESS_ALIVE, liveness_argv, new_nonce
 from turnkeeper.sandbox.ssh import SshProvider
 
-SECRET = "test-secret"
 RUN = "run-1"
 
 
 def read_all(
-    sandbox: Sandbox, paths: JournalPaths, **options: object
+    sandbox: Sandbox, handle: JournalHandle, **options: object
 ) -> tuple[list[tuple[bytes, int]], JournalReader]:
     reader = JournalReader(
         sandbox,
-        paths,
-        nonce=nonce_for(sandbox.ref, paths.run_id, SECRET),
+        handle.paths,
+        nonce=handle.nonce,
         **options,  # type: ignore[arg-type]
     )
     return list(reader), reader
@@ -61,40 +60,38 @@ def journal_bytes(paths: JournalPaths) -> bytes:
     return Path(paths.journal).read_bytes()
 
 
-def sentinel(sandbox: Sandbox, code: int, run_id: str = RUN) -> bytes:
-    return exit_sentinel_line(run_id, code, secret=SECRET, sandbox_id=sandbox.ref.id)
+def sentinel(handle: JournalHandle, code: int) -> bytes:
+    return exit_sentinel_line(code, handle.nonce)
 
 
 def test_redirect_sentinel_and_stderr_apart(sandbox: Sandbox) -> None:
-    handle = spawn_journaled(
-        sandbox, RUN, "echo '{\"a\":1}'; echo oops >&2; echo two", secret=SECRET
-    )
-    lines, reader = read_all(sandbox, handle.paths)
+    handle = spawn_journaled(sandbox, RUN, "echo '{\"a\":1}'; echo oops >&2; echo two")
+    lines, reader = read_all(sandbox, handle)
     assert lines == [(b'{"a":1}', 8), (b"two", 12)]
-    assert (reader.exit_code, reader.end_position) == (0, 12 + len(sentinel(sandbox, 0)))
-    assert journal_bytes(handle.paths) == b'{"a":1}\ntwo\n' + sentinel(sandbox, 0)
+    assert (reader.exit_code, reader.end_position) == (0, 12 + len(sentinel(handle, 0)))
+    assert journal_bytes(handle.paths) == b'{"a":1}\ntwo\n' + sentinel(handle, 0)
     assert stderr_tail(sandbox, handle.paths) == b"oops\n"
     assert strategy_for(sandbox.capabilities) == "follow"
 
 
 def test_exit_inside_command_still_writes_the_sentinel(sandbox: Sandbox) -> None:
-    handle = spawn_journaled(sandbox, RUN, "echo before; exit 7; echo after", secret=SECRET)
-    lines, reader = read_all(sandbox, handle.paths)
+    handle = spawn_journaled(sandbox, RUN, "echo before; exit 7; echo after")
+    lines, reader = read_all(sandbox, handle)
     assert lines == [(b"before", 7)]
     assert reader.exit_code == 7
-    assert journal_bytes(handle.paths) == b"before\n" + sentinel(sandbox, 7)
+    assert journal_bytes(handle.paths) == b"before\n" + sentinel(handle, 7)
 
 
 def test_forged_sentinels_are_ordinary_lines(sandbox: Sandbox) -> None:
     wrong = b'{"__exit":0,"__nonce":"' + b"0" * 64 + b'"}'
-    other_run = exit_sentinel_line("other", 0, secret=SECRET, sandbox_id=sandbox.ref.id).rstrip()
+    other_run = exit_sentinel_line(0, new_nonce()).rstrip()
     script = (
         "printf '%s\\n' '{\"__exit\":0}' "
         f'\'{wrong.decode()}\' \'{{"__exit":"x","__nonce":"abc"}}\' \'{other_run.decode()}\' '
         "'{\"__exit\":0} mid-stream' done; exit 3"
     )
-    handle = spawn_journaled(sandbox, RUN, script, secret=SECRET)
-    lines, reader = read_all(sandbox, handle.paths)
+    handle = spawn_journaled(sandbox, RUN, script)
+    lines, reader = read_all(sandbox, handle)
     assert [line for line, _ in lines] == [
         b'{"__exit":0}', wrong, b'{"__exit":"x","__nonce":"abc"}', other_run,
         b'{"__exit":0} mid-stream', b"done",
@@ -105,8 +102,8 @@ def test_forged_sentinels_are_ordinary_lines(sandbox: Sandbox) -> None:
 def test_partial_last_line_big_line_and_invalid_utf8(sandbox: Sandbox) -> None:
     big = 10 * 1024 * 1024
     script = f"printf '\\377\\376ok\\n'; head -c {big} /dev/zero | tr '\\0' a; echo; printf tail"
-    handle = spawn_journaled(sandbox, RUN, script, secret=SECRET)
-    lines, reader = read_all(sandbox, handle.paths)
+    handle = spawn_journaled(sandbox, RUN, script)
+    lines, reader = read_all(sandbox, handle)
     assert [(len(line), end) for line, end in lines] == [
         (4, 5),
         (big, 5 + big + 1),
@@ -116,15 +113,15 @@ def test_partial_last_line_big_line_and_invalid_utf8(sandbox: Sandbox) -> None:
     assert lines[1][0] == b"a" * big
     assert lines[2][0] == b"tail"
     assert reader.exit_code == 0
-    assert journal_bytes(handle.paths).endswith(b"\ntail\n" + sentinel(sandbox, 0))
+    assert journal_bytes(handle.paths).endswith(b"\ntail\n" + sentinel(handle, 0))
 
 
 def test_reads_resume_from_any_offset_with_absolute_positions(sandbox: Sandbox) -> None:
-    handle = spawn_journaled(sandbox, RUN, "for i in 1 2 3 4; do echo line$i; done", secret=SECRET)
-    full, _ = read_all(sandbox, handle.paths)
+    handle = spawn_journaled(sandbox, RUN, "for i in 1 2 3 4; do echo line$i; done")
+    full, _ = read_all(sandbox, handle)
     assert [end for _, end in full] == [6, 12, 18, 24]
     for strategy in ("follow", "poll"):
-        resumed, reader = read_all(sandbox, handle.paths, from_byte=12, strategy=strategy)
+        resumed, reader = read_all(sandbox, handle, from_byte=12, strategy=strategy)
         assert resumed == full[2:]
         assert reader.exit_code == 0
 
@@ -132,9 +129,9 @@ def test_reads_resume_from_any_offset_with_absolute_positions(sandbox: Sandbox) 
 def test_follow_delivers_each_line_before_the_next_is_written(sandbox: Sandbox) -> None:
     workspace = Path(sandbox.ref.workspace)
     script = "for i in 1 2 3; do echo $i; while [ ! -e go$i ]; do sleep 0.02; done; done"
-    handle = spawn_journaled(sandbox, RUN, script, secret=SECRET)
+    handle = spawn_journaled(sandbox, RUN, script)
     seen = []
-    reader = JournalReader(sandbox, handle.paths, nonce=nonce_for(sandbox.ref, RUN, SECRET))
+    reader = JournalReader(sandbox, handle.paths, nonce=handle.nonce)
     for line, _ in reader:  # each line unblocks the next: a buffering reader would hang
         seen.append(line)
         (workspace / f"go{line.decode()}").touch()
@@ -153,11 +150,9 @@ def _tails_of(journal: str) -> list[psutil.Process]:
 
 
 def test_stop_signal_ends_a_follow_and_kills_its_tail(sandbox: Sandbox) -> None:
-    handle = spawn_journaled(sandbox, RUN, "echo first; sleep 30", secret=SECRET)
+    handle = spawn_journaled(sandbox, RUN, "echo first; sleep 30")
     stop = StopSignal()
-    reader = JournalReader(
-        sandbox, handle.paths, nonce=nonce_for(sandbox.ref, RUN, SECRET), stop=stop
-    )
+    reader = JournalReader(sandbox, handle.paths, nonce=handle.nonce, stop=stop)
     seen = []
     for line, _ in reader:
         seen.append(line)
@@ -169,8 +164,8 @@ def test_stop_signal_ends_a_follow_and_kills_its_tail(sandbox: Sandbox) -> None:
 
 
 def test_kill_ends_the_sandbox_side_process(sandbox: Sandbox) -> None:
-    heartbeat = Path(sandbox.ref.workspace) / "hb"
-    proc = sandbox.spawn(["/bin/sh", "-c", "while :; do echo x >> hb; sleep 0.02; done"])
+    heartbeat = Path(sandbox.ref.root) / "hb"
+    proc = sandbox.spawn(["/bin/sh", "-c", f"while :; do echo x >> {heartbeat}; sleep 0.02; done"])
     while not heartbeat.exists() or heartbeat.stat().st_size < 10:
         time.sleep(0.02)
     proc.kill()
@@ -181,59 +176,81 @@ def test_kill_ends_the_sandbox_side_process(sandbox: Sandbox) -> None:
 
 
 def test_an_agent_process_never_reuses_a_journal(sandbox: Sandbox) -> None:
-    first = spawn_journaled(sandbox, RUN, "echo a", secret=SECRET)
-    read_all(sandbox, first.paths)
+    first = spawn_journaled(sandbox, RUN, "echo a")
+    read_all(sandbox, first)
     with pytest.raises(JournalExistsError):
-        spawn_journaled(sandbox, RUN, "echo b", secret=SECRET, process=1)
-    second = spawn_journaled(sandbox, RUN, "echo b", secret=SECRET)
+        spawn_journaled(sandbox, RUN, "echo b", process=1)
+    second = spawn_journaled(sandbox, RUN, "echo b")
     assert second.paths.process == 2
     assert second.journal_key != first.journal_key
-    lines, _ = read_all(sandbox, second.paths)
+    lines, _ = read_all(sandbox, second)
     assert lines == [(b"b", 2)]
     assert [p.process for p in list_journals(sandbox, RUN)] == [1, 2]
     assert latest_journal(sandbox, RUN) == second.paths
-    assert journal_bytes(first.paths) == b"a\n" + sentinel(sandbox, 0)
+    assert journal_bytes(first.paths) == b"a\n" + sentinel(first, 0)
 
 
 def test_shell_hostile_run_id_round_trips(sandbox: Sandbox) -> None:
     canary = Path(sandbox.ref.workspace) / "canary"
     run_id = f"a/../b c;$(touch {canary});`touch {canary}`\n'\"x" + "y" * 300
-    handle = spawn_journaled(sandbox, run_id, "echo hello", secret=SECRET, stdin=b"in")
-    lines, reader = read_all(sandbox, handle.paths)
+    handle = spawn_journaled(sandbox, run_id, "echo hello", prompt=b"in")
+    lines, reader = read_all(sandbox, handle)
     assert lines == [(b"hello", 6)]
     assert reader.exit_code == 0
     assert Path(handle.paths.journal).parent == Path(sandbox.ref.journal_dir)
     assert latest_journal(sandbox, run_id) is None  # a truncated name is never claimed
     short = "x/../;$(touch canary) '\"\n"
-    handle2 = spawn_journaled(sandbox, short, "cat", secret=SECRET, stdin=b"fed\n")
-    lines, _ = read_all(sandbox, handle2.paths)
+    handle2 = spawn_journaled(sandbox, short, "cat", prompt=b"fed\n")
+    lines, _ = read_all(sandbox, handle2)
     assert lines == [(b"fed", 4)]
     assert latest_journal(sandbox, short) == handle2.paths
     names = sorted(p.name for p in Path(sandbox.ref.journal_dir).iterdir())
     assert {parse_journal_name(n).run_id for n in names} >= {short}
-    cleanup_journal(sandbox, handle2.paths, nonce_for(sandbox.ref, short, SECRET))
-    assert all(
-        parse_journal_name(n).run_id != short
-        for n in (p.name for p in Path(sandbox.ref.journal_dir).iterdir())
-    )
     assert not canary.exists()
 
 
+def agent_home(sandbox: Sandbox) -> str:
+    return WORKSPACE if sandbox.ref.provider == "bwrap" else sandbox.ref.workspace
+
+
 def test_agent_environment_is_minimal(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TURNKEEPER_SECRET", SECRET)
+    secret = "worker-secret-value"  # noqa: S105 - a marker, not a credential
+    monkeypatch.setenv("TURNKEEPER_SECRET", secret)
     monkeypatch.setenv("TURNKEEPER_DATABASE_URL", "postgresql://leak")
-    handle = spawn_journaled(sandbox, RUN, "env | sort", secret=SECRET)
-    lines, _ = read_all(sandbox, handle.paths)
+    handle = spawn_journaled(sandbox, RUN, "env | sort")
+    lines, _ = read_all(sandbox, handle)
     names = sorted(line.split(b"=", 1)[0].decode() for line, _ in lines)
     assert names == ["HOME", "LANG", "PATH", "PWD", "TERM"]
-    assert all(SECRET.encode() not in line for line, _ in lines)
-    assert (b"HOME=" + sandbox.ref.workspace.encode(), 6 + len(sandbox.ref.workspace)) in lines
+    assert all(secret.encode() not in line for line, _ in lines)
+    home = agent_home(sandbox).encode()
+    assert (b"HOME=" + home, 6 + len(home)) in lines
+
+
+def test_the_spec_env_reaches_only_the_agent_and_never_an_argv(sandbox: Sandbox) -> None:
+    """Values with quotes and newlines arrive byte-exact; no process of the sandbox's host
+    (writer, helpers, the jail's own bwrap) holds them on its command line."""
+    value = "s3cr3t 'quoted' \"double\" $HOME `x`\nsecond line"
+    workspace = Path(sandbox.ref.workspace)
+    command = AgentCommand(
+        ("/bin/sh", "-c", 'printf "%s" "$TOKEN" > token; while [ ! -e go ]; do sleep 0.02; done'),
+        env={"TOKEN": value, "EMPTY": ""},
+    )
+    handle = spawn_journaled(sandbox, RUN, command)
+    while not (workspace / "token").exists():
+        time.sleep(0.02)
+    argvs = [" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])]
+    (workspace / "go").touch()
+    _, reader = read_all(sandbox, handle)
+    assert reader.exit_code == 0
+    assert (workspace / "token").read_text() == value
+    assert [a for a in argvs if "s3cr3t" in a] == []
+    assert not Path(handle.paths.env_file).exists()  # deleted before the agent started
 
 
 def test_stall_on_a_run_that_never_existed(sandbox: Sandbox) -> None:
     paths = JournalPaths(sandbox.ref.journal_dir, "never-existed", 1)
     with pytest.raises(JournalStalledError) as caught:
-        read_all(sandbox, paths, first_byte_timeout=0.5)
+        list(JournalReader(sandbox, paths, nonce=new_nonce(), first_byte_timeout=0.5))
     assert caught.value.reason == "journal-stalled"
     assert caught.value.run_id == "never-existed"
     assert not Path(paths.journal).exists()  # the follow never creates the journal
@@ -242,29 +259,26 @@ def test_stall_on_a_run_that_never_existed(sandbox: Sandbox) -> None:
 def test_a_silent_but_running_agent_is_not_stalled(sandbox: Sandbox) -> None:
     """Past the first-byte bound, a writer that holds its lock is waited for: a slow
     start must never be mistaken for a dead agent (and started a second time)."""
-    handle = spawn_journaled(sandbox, RUN, "sleep 2; echo late", secret=SECRET)
+    handle = spawn_journaled(sandbox, RUN, "sleep 2; echo late")
     while sandbox.exec(liveness_argv(handle.paths), timeout=30).exit_code != LIVENESS_ALIVE:
         time.sleep(0.02)  # the detached writer took its lock: the agent runs, silently
-    nonce = nonce_for(sandbox.ref, RUN, SECRET)
-    reader = JournalReader(sandbox, handle.paths, nonce=nonce, first_byte_timeout=0.3)
+    reader = JournalReader(sandbox, handle.paths, nonce=handle.nonce, first_byte_timeout=0.3)
     assert [line for line, _ in reader] == [b"late"]
     assert reader.exit_code == 0
 
 
 def test_agent_killed_without_sentinel_is_vanished(sandbox: Sandbox) -> None:
-    handle = spawn_journaled(sandbox, RUN, "echo one; sleep 60", secret=SECRET)
-    nonce = nonce_for(sandbox.ref, RUN, SECRET)
-    reader = JournalReader(sandbox, handle.paths, nonce=nonce, liveness_interval=0.2)
+    handle = spawn_journaled(sandbox, RUN, "echo one; sleep 60")
+    reader = JournalReader(sandbox, handle.paths, nonce=handle.nonce, liveness_interval=0.2)
     seen = []
     lines = iter(reader)
     seen.append(next(lines)[0])
-    assert probe_exit(sandbox, handle.paths, nonce).state == "producing"
+    assert sandbox.exec(liveness_argv(handle.paths), timeout=30).exit_code == LIVENESS_ALIVE
     _kill_recorded_groups(sandbox)  # the OOM killer takes writer and agent
     with pytest.raises(AgentVanishedError) as caught:
         next(lines)
     assert seen == [b"one"]
     assert caught.value.reason == "agent-vanished"
-    assert probe_exit(sandbox, handle.paths, nonce).state == "vanished"
     assert journal_bytes(handle.paths) == b"one\n"
 
 
@@ -275,40 +289,19 @@ def _kill_recorded_groups(sandbox: Sandbox) -> None:
             os.killpg(int(pid), signal.SIGKILL)
 
 
-def test_exit_probe_and_cleanup_only_after_the_sentinel(sandbox: Sandbox) -> None:
-    gate = Path(sandbox.ref.workspace) / "gate"
-    handle = spawn_journaled(
-        sandbox, RUN, "echo x; while [ ! -e gate ]; do sleep 0.02; done; exit 5", secret=SECRET
-    )
-    nonce = nonce_for(sandbox.ref, RUN, SECRET)
-    while Path(handle.paths.journal).stat().st_size == 0:
-        time.sleep(0.02)
-    assert probe_exit(sandbox, handle.paths, nonce).state == "producing"
-    with pytest.raises(Exception, match="without its exit sentinel"):
-        cleanup_journal(sandbox, handle.paths, nonce)
-    assert Path(handle.paths.journal).exists()
-    gate.touch()
-    _, reader = read_all(sandbox, handle.paths)
-    assert reader.exit_code == 5
-    probe = probe_exit(sandbox, handle.paths, nonce)
-    assert (probe.state, probe.exit_code) == ("finished", 5)
-    cleanup_journal(sandbox, handle.paths, nonce)
-    assert [p for p in handle.paths.all_files if Path(p).exists()] == []
-
-
 def test_journal_size_limit(provider: SandboxProvider) -> None:
     ref = provider.create(RUN, SandboxSpec(journal_max_bytes=4096))
     sandbox = provider.resume(ref)
     assert sandbox is not None
     try:
-        handle = spawn_journaled(
-            sandbox, RUN, "while :; do echo 0123456789abcdef; done", secret=SECRET
-        )
-        lines, reader = read_all(sandbox, handle.paths, max_bytes=4096)
-        assert reader.exit_code == 128 + signal.SIGXFSZ
+        handle = spawn_journaled(sandbox, RUN, "while :; do echo 0123456789abcdef; done")
+        lines, reader = read_all(sandbox, handle, max_bytes=4096)
+        # The writer's side of the pipe stops at the limit; the agent then gets SIGPIPE.
+        code = 128 + signal.SIGPIPE
+        assert reader.exit_code == code
         data = journal_bytes(handle.paths)
-        assert data.endswith(b"\n" + sentinel(sandbox, 128 + signal.SIGXFSZ))
-        assert len(data) == 4096 + 1 + len(sentinel(sandbox, 128 + signal.SIGXFSZ))
+        assert data.endswith(b"\n" + sentinel(handle, code))
+        assert len(data) == 4096 + 1 + len(sentinel(handle, code))
         assert [line for line, _ in lines] == [b"0123456789abcdef"] * 240 + [
             b"0123456789abcdef"[:16]
         ]
@@ -320,7 +313,7 @@ def test_destroy_kills_detached_agents_and_is_idempotent(provider: SandboxProvid
     ref = provider.create(RUN, SandboxSpec())
     sandbox = provider.resume(ref)
     assert sandbox is not None
-    handle = spawn_journaled(sandbox, RUN, "echo up; sleep 60", secret=SECRET)
+    handle = spawn_journaled(sandbox, RUN, "echo up; sleep 60")
     while Path(handle.paths.journal).stat().st_size == 0:
         time.sleep(0.02)
     pids = [int(p) for p in Path(ref.root, "procs").read_text().split()]
@@ -352,8 +345,8 @@ def test_worker_sigkill_leaves_the_agent_running(
     control_dir = Path(tempfile.mkdtemp(prefix="tk-w-"))  # short: a socket path limit
     config = {
         "ref": ref.to_dict(),
-        "secret": SECRET,
         "root": str(Path(ref.root).parent),
+        "uids": list(TEST_UIDS),
         "ssh": None
         if target is None
         else {
@@ -372,9 +365,10 @@ def test_worker_sigkill_leaves_the_agent_running(
     try:
         assert worker.stdout is not None
         output = [worker.stdout.readline()]
-        while output[-1] not in (b"spawned\n", b""):  # structlog lines come first
+        while not output[-1].startswith(b"spawned ") and output[-1]:  # structlog comes first
             output.append(worker.stdout.readline())
-        assert output[-1] == b"spawned\n", output
+        assert output[-1].startswith(b"spawned "), output
+        nonce = output[-1].split()[1].decode()
         os.kill(worker.pid, signal.SIGKILL)
         assert worker.wait(timeout=30) == -signal.SIGKILL
     finally:
@@ -384,9 +378,9 @@ def test_worker_sigkill_leaves_the_agent_running(
         if worker.stdout is not None:
             worker.stdout.close()
     (Path(ref.workspace) / "go").touch()
-    paths = JournalPaths(ref.journal_dir, RUN, 1)
-    lines, reader = read_all(sandbox, paths)
+    handle = JournalHandle(ref, JournalPaths(ref.journal_dir, RUN, 1), nonce)
+    lines, reader = read_all(sandbox, handle)
     assert lines == [(b"started", 8), (b"finished", 17)]
     assert reader.exit_code == 0
-    assert journal_bytes(paths) == b"started\nfinished\n" + sentinel(sandbox, 0)
+    assert journal_bytes(handle.paths) == b"started\nfinished\n" + sentinel(handle, 0)
     provider.destroy(ref)

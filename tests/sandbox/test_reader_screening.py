@@ -1,5 +1,6 @@
 """The reader's per-chunk screening equals checking each line in order: the sentinel
-first, then the size limit, with every earlier line handed out before an error."""
+first, then the size limit, with every earlier line handed out before an error; and a
+sentinel counts only as the journal's final line."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from turnkeeper.errors import InvalidSentinelError, JournalTooLargeError
-from turnkeeper.sandbox import JournalPaths, JournalReader, Sandbox, exit_sentinel_line, nonce_for
+from turnkeeper.sandbox import JournalPaths, JournalReader, Sandbox, exit_sentinel_line
 
 RUN = "screen-run"
-SECRET = "screen-secret"  # noqa: S105 - a fixture, not a credential
+NONCE = "5a" * 32
 
 
 def _journal(sandbox: Sandbox, body: bytes) -> JournalPaths:
@@ -23,7 +24,7 @@ def _journal(sandbox: Sandbox, body: bytes) -> JournalPaths:
 
 
 def _sentinel(sandbox: Sandbox, code: int = 0) -> bytes:
-    return exit_sentinel_line(RUN, code, secret=SECRET, sandbox_id=sandbox.ref.id)
+    return exit_sentinel_line(code, NONCE)
 
 
 def _forged(sandbox: Sandbox) -> bytes:
@@ -37,7 +38,7 @@ def _read(
     reader = JournalReader(
         sandbox,
         paths,
-        nonce=nonce_for(sandbox.ref, RUN, SECRET),
+        nonce=NONCE,
         strategy=strategy,  # type: ignore[arg-type]
         **options,  # type: ignore[arg-type]
     )
@@ -101,9 +102,34 @@ def test_a_forged_sentinel_fails_after_the_lines_before_it(
 
 
 @STRATEGIES
-def test_nothing_after_the_sentinel_is_handed_out(local_sandbox: Sandbox, strategy: str) -> None:
+@pytest.mark.parametrize("after", [b"late\n", b"late", b"\n"], ids=["line", "partial", "blank"])
+def test_a_sentinel_followed_by_anything_is_a_forgery(
+    local_sandbox: Sandbox, strategy: str, after: bytes
+) -> None:
+    """Only the writer appends the sentinel, and last: bytes after it mean the nonce
+    leaked, so the run fails rather than end, and the line never reaches a client."""
     sentinel = _sentinel(local_sandbox, 0)
-    body = b"x\n" + sentinel + b"late\n" + _sentinel(local_sandbox, 9)
+    body = b"x\n" + sentinel + after
     lines, reader, error = _read(local_sandbox, _journal(local_sandbox, body), strategy)
-    assert (lines, error) == ([(b"x", 2)], None)
-    assert (reader.exit_code, reader.end_position) == (0, 2 + len(sentinel))
+    assert lines == [(b"x", 2)]
+    assert isinstance(error, InvalidSentinelError)
+    assert (error.reason, error.fields["position"]) == ("invalid-sentinel", len(body))
+    assert (reader.exit_code, reader.end_position) == (None, None)
+
+
+@STRATEGIES
+def test_bytes_appended_after_the_sentinel_was_read_are_a_forgery(
+    local_sandbox: Sandbox, strategy: str
+) -> None:
+    """A sentinel that ended the bytes read so far is confirmed once its writer is gone:
+    a journal that grew behind it fails the same way."""
+    sentinel = _sentinel(local_sandbox, 0)
+    paths = _journal(local_sandbox, b"x\n" + sentinel)
+    reader = JournalReader(local_sandbox, paths, nonce=NONCE, strategy=strategy)  # type: ignore[arg-type]
+    lines = iter(reader)
+    assert next(lines) == (b"x", 2)
+    with Path(paths.journal).open("ab") as journal:  # before the reader looks at the end
+        journal.write(b"more\n")
+    with pytest.raises(InvalidSentinelError) as caught:
+        next(lines)
+    assert caught.value.fields["position"] == 2 + len(sentinel) + 5

@@ -12,6 +12,7 @@ from turnkeeper.sandbox.bwrap import BwrapProvider
 from turnkeeper.sandbox.local import LocalProvider
 from turnkeeper.sandbox.provider import SandboxProvider
 from turnkeeper.sandbox.ssh import SshProvider, SshTarget
+from turnkeeper.sandbox.uids import UidPool
 
 
 def main() -> None:
@@ -28,14 +29,14 @@ def main() -> None:
             )
         )  # fmt: skip
     elif ref.provider == "bwrap":
-        provider = BwrapProvider(Path(config["root"]))
+        provider = BwrapProvider(Path(config["root"]), uids=UidPool(*config["uids"]))
     else:
         provider = LocalProvider(Path(config["root"]))
     sandbox = provider.resume(ref)
     if sandbox is None:
         raise SystemExit("sandbox is gone")
-    spawn_journaled(sandbox, "run-1", config["command"], secret=config["secret"])
-    sys.stdout.write("spawned\n")
+    handle = spawn_journaled(sandbox, "run-1", config["command"])
+    sys.stdout.write(f"spawned {handle.nonce}\n")
     sys.stdout.flush()
     while True:
         time.sleep(60)

@@ -8,34 +8,100 @@ A run's payload names its agent in one of two shapes:
   (or just the preset's name as a string), resolved to a command on the worker
   that runs it, so ``sys.executable`` is the worker's own.
 
-How the prompt reaches the agent: as one argv element. An argv element that is
-exactly ``{prompt}`` is replaced by the prompt (the presets have one); a
-command without it does not get the prompt. Substitution is by whole element
-only, so no prompt is ever parsed by a shell or spliced into another argument.
+How the prompt reaches the agent: an argv element that is exactly ``{prompt}``
+becomes the prompt as one argument (at most 128 KiB, the kernel's limit for one
+argument); one that is exactly ``{prompt_file}`` becomes the path of a file
+holding it; ``"prompt_stdin": true`` makes it the agent's standard input. The
+``claude-code`` and ``codex`` presets read it on standard input, so a prompt
+that starts with ``-`` is never an option to them and any size up to the
+request limit works. Substitution is by whole element only, and happens inside
+the sandbox (see :mod:`turnkeeper.sandbox.command`), so no prompt is ever parsed
+by a shell, spliced into another argument, or held on the argv of anything but
+the agent.
+
+Environment: names are ``[A-Za-z_][A-Za-z0-9_]*``, and names that make a program
+load or run code of the caller's choosing are refused (``ENV_REFUSED``): an env
+must never turn a fixed command into another one.
 
 Continuation (a new process after the sandbox was lost): ``continue`` false
 means the agent cannot continue; true means run ``command`` again with the
 continuation prompt; a list is the continuation argv, in which the whole
-elements ``{prompt}``, ``{session_id}`` (the agent's own conversation id, from
-:attr:`Translator.session_id`) and ``{start_turn}`` (the 0-based turn to resume
-at) are replaced.
+elements ``{prompt}``, ``{prompt_file}``, ``{session_id}`` (the agent's own
+conversation id, from :attr:`Translator.session_id`) and ``{start_turn}`` (the
+0-based turn to resume at) are replaced.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+import turnkeeper
 from turnkeeper.errors import AgentError, UnknownAgentError
+from turnkeeper.sandbox.command import ENV_NAME, PROMPT, AgentCommand
 
 Format = Literal["claude-code", "codex", "agui", "text"]
-PROMPT = "{prompt}"
 SESSION_ID = "{session_id}"
 START_TURN = "{start_turn}"
 PRESETS = ("scripted", "claude-code", "codex")
+
+ENV_REFUSED: tuple[tuple[str, str], ...] = (
+    ("LD_*", "the dynamic loader preloads, audits or finds libraries through them"),
+    ("GLIBC_TUNABLES", "glibc parses it in every process before main (CVE-2023-4911)"),
+    ("GCONV_PATH", "glibc loads character-set converters, which are code, from it"),
+    ("LOCPATH", "glibc loads locale data from it"),
+    ("NLSPATH", "programs load message catalogues from it"),
+    ("HOSTALIASES", "the resolver reads host aliases from it"),
+    ("BASH_ENV", "bash sources this file before running a script"),
+    ("ENV", "sh sources this file when it starts"),
+    ("BASH_FUNC_*", "bash imports functions from such variables"),
+    ("SHELLOPTS", "bash turns on options such as xtrace from it"),
+    ("BASHOPTS", "bash turns on options from it"),
+    ("PS4", "bash expands it, running any command substitution, when tracing"),
+    ("PROMPT_COMMAND", "bash runs it as a command"),
+    ("IFS", "it changes how every shell splits words"),
+    ("PYTHONSTARTUP", "python runs this file"),
+    ("PYTHONPATH", "python imports modules from it first"),
+    ("PYTHONHOME", "python loads its standard library from it"),
+    ("PYTHONUSERBASE", "python imports site packages from it"),
+    ("PYTHONBREAKPOINT", "python imports and calls it at breakpoint()"),
+    ("PYTHONWARNINGS", "python imports the warning categories it names"),
+    ("PERL5OPT", "perl takes command-line switches (-M: load a module) from it"),
+    ("PERL5LIB", "perl loads modules from it first"),
+    ("PERLLIB", "perl loads modules from it first"),
+    ("PERL5DB", "perl runs it as its debugger"),
+    ("RUBYOPT", "ruby takes command-line switches (-r: require) from it"),
+    ("RUBYLIB", "ruby loads libraries from it first"),
+    ("NODE_OPTIONS", "node takes options (--require, --import) from it"),
+    ("NODE_PATH", "node resolves modules from it"),
+    ("NODE_REPL_EXTERNAL_MODULE", "node loads this module instead of its REPL"),
+    ("JAVA_TOOL_OPTIONS", "the JVM takes options (-javaagent) from it"),
+    ("_JAVA_OPTIONS", "the JVM takes options (-javaagent) from it"),
+    ("JDK_JAVA_OPTIONS", "the java launcher takes options from it"),
+    ("LUA_INIT*", "lua runs it, or the file it names, first"),
+    ("GIT_SSH", "git runs it to connect"),
+    ("GIT_SSH_COMMAND", "git runs it to connect"),
+    ("GIT_PROXY_COMMAND", "git runs it to connect"),
+    ("GIT_ASKPASS", "git runs it for credentials"),
+    ("SSH_ASKPASS", "ssh and git run it for credentials"),
+    ("GIT_EDITOR", "git runs it"),
+    ("GIT_SEQUENCE_EDITOR", "git runs it"),
+    ("GIT_PAGER", "git runs it"),
+    ("GIT_EXTERNAL_DIFF", "git runs it"),
+    ("GIT_EXEC_PATH", "git runs its subcommands from it"),
+    ("GIT_TEMPLATE_DIR", "git copies hooks, which it runs, from it"),
+    ("GIT_CONFIG*", "git reads configuration (core.hooksPath, core.fsmonitor: commands) from it"),
+    ("HTTP_PROXY", "the jail's only way out is its egress proxy"),
+    ("HTTPS_PROXY", "the jail's only way out is its egress proxy"),
+    ("ALL_PROXY", "the jail's only way out is its egress proxy"),
+    ("NO_PROXY", "the jail's only way out is its egress proxy"),
+)
+"""Environment names an agent spec may not set, each with the reason."""
 
 
 def _check_argv(argv: list[str]) -> list[str]:
@@ -55,6 +121,8 @@ class AgentSpec(BaseModel):
     format: Format
     env: dict[str, str] = Field(default_factory=dict)
     continue_: bool | list[str] = Field(default=False, alias="continue")
+    prompt_stdin: bool = False
+    """The prompt is also the agent's standard input (otherwise it reads an empty one)."""
     preset: str | None = None
     """The preset this spec came from, kept so :meth:`to_payload` stays portable."""
     options: dict[str, Any] = Field(default_factory=dict)
@@ -72,9 +140,10 @@ class AgentSpec(BaseModel):
     @field_validator("env")
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
-            if not key or "=" in key or "\x00" in key:
-                raise ValueError(f"invalid environment variable name {key!r}")
+        for key, text in value.items():
+            check_env_name(key)
+            if "\x00" in text:
+                raise ValueError(f"the value of {key} contains NUL")
         return value
 
     @classmethod
@@ -103,31 +172,63 @@ class AgentSpec(BaseModel):
             "format": self.format,
             "env": dict(self.env),
             "continue": self.continue_,
+            **({"prompt_stdin": True} if self.prompt_stdin else {}),
         }
 
     @property
     def can_continue(self) -> bool:
         return self.continue_ is not False
 
-    def argv(self, prompt: str) -> list[str]:
-        """The command to start the agent with this prompt."""
-        return [prompt if arg == PROMPT else arg for arg in self.command]
+    @property
+    def read_only(self) -> tuple[str, ...]:
+        """Host paths the agent needs to see in its jail: for the scripted preset, this
+        worker's Python and the package (never a request's choice)."""
+        if self.preset != "scripted":
+            return ()
+        package = Path(turnkeeper.__file__).resolve().parent
+        return tuple(dict.fromkeys([sys.prefix, sys.base_prefix, str(package)]))
 
-    def continuation_argv(
-        self, prompt: str, *, session_id: str | None = None, start_turn: int = 0
-    ) -> list[str]:
-        """The command to continue an interrupted run in a new process."""
+    def command_for(self, argv: list[str]) -> AgentCommand:
+        return AgentCommand(
+            tuple(argv),
+            env=dict(self.env),
+            stdin_prompt=self.prompt_stdin,
+            read_only=self.read_only,
+        )
+
+    def start_command(self) -> AgentCommand:
+        """The first agent process; the prompt reaches it inside its sandbox."""
+        return self.command_for(list(self.command))
+
+    def continuation_command(
+        self, *, session_id: str | None = None, start_turn: int = 0
+    ) -> AgentCommand:
+        """A new process that continues an interrupted run (given the continuation prompt)."""
         if self.continue_ is False:
             raise AgentError("this agent cannot continue a run", reason="cannot-continue")
         if self.continue_ is True:
-            return self.argv(prompt)
+            return self.start_command()
         if SESSION_ID in self.continue_ and not session_id:
             raise AgentError(
                 "continuing this agent needs its session id, which it never reported",
                 reason="no-session-id",
             )
-        values = {PROMPT: prompt, SESSION_ID: session_id or "", START_TURN: str(start_turn)}
-        return [values.get(arg, arg) for arg in self.continue_]
+        values = {SESSION_ID: session_id or "", START_TURN: str(start_turn)}
+        return self.command_for([values.get(arg, arg) for arg in self.continue_])
+
+    def argv(self, prompt: str) -> list[str]:
+        """The argv of a direct run, outside any sandbox, for tests and benchmarks:
+        ``{prompt}`` replaced (a ``prompt_stdin`` agent needs the prompt on stdin)."""
+        return [prompt if arg == PROMPT else arg for arg in self.command]
+
+
+def check_env_name(name: str) -> None:
+    """Raise ValueError saying why an agent may not get variable ``name``."""
+    if ENV_NAME.fullmatch(name) is None:
+        raise ValueError(f"invalid environment variable name {name!r}")
+    for pattern, reason in ENV_REFUSED:
+        if fnmatch.fnmatchcase(name.upper() if "PROXY" in pattern else name, pattern):
+            raise ValueError(f"environment variable {name} is refused: {reason}")
 
 
 # --- presets --------------------------------------------------------------------------
@@ -174,23 +275,29 @@ def _preset(payload: dict[str, Any]) -> AgentSpec:
         command = [*base, *knobs]
         continuation = [*base, *knobs, "--start-turn", START_TURN]
         fmt: Format = "claude-code"
-    elif name == "claude-code":
+    elif name == "claude-code":  # `-p` with no prompt argument reads it from stdin
         flags = ["--output-format", "stream-json", "--verbose", "--include-partial-messages"]
-        command = ["claude", "-p", PROMPT, *flags, *dumped["args"]]
-        continuation = ["claude", "-p", PROMPT, "--resume", SESSION_ID, *flags, *dumped["args"]]
+        command = ["claude", "-p", *flags, *dumped["args"]]
+        continuation = ["claude", "-p", "--resume", SESSION_ID, *flags, *dumped["args"]]
         fmt = "claude-code"
-    else:
-        command = ["codex", "exec", "--json", *dumped["args"], PROMPT]
-        continuation = ["codex", "exec", "--json", *dumped["args"], "resume", SESSION_ID, PROMPT]
+    else:  # `-` reads the prompt from stdin
+        command = ["codex", "exec", "--json", *dumped["args"], "-"]
+        continuation = ["codex", "exec", "--json", *dumped["args"], "resume", SESSION_ID, "-"]
         fmt = "codex"
-    return AgentSpec(
-        command=command,
-        format=fmt,
-        env=env,
-        continue_=continuation,
-        preset=name,
-        options={k: v for k, v in dumped.items() if v != _defaults(options).get(k)},
-    )
+    try:
+        return AgentSpec(
+            command=command,
+            format=fmt,
+            env=env,
+            continue_=continuation,
+            prompt_stdin=name != "scripted",
+            preset=name,
+            options={k: v for k, v in dumped.items() if v != _defaults(options).get(k)},
+        )
+    except ValidationError as exc:
+        raise AgentError(
+            f"invalid options for preset {name!r}: {_first_error(exc)}", reason="bad-spec"
+        ) from exc
 
 
 def _defaults(options: BaseModel) -> dict[str, Any]:
@@ -200,4 +307,4 @@ def _defaults(options: BaseModel) -> dict[str, Any]:
 def _first_error(exc: ValidationError) -> str:
     error = exc.errors()[0]
     where = ".".join(str(part) for part in error["loc"]) or "spec"
-    return f"{where}: {error['msg']}"
+    return f"{where}: {str(error['msg']).removeprefix('Value error, ')}"

@@ -35,6 +35,7 @@ from turnkeeper.errors import (
     TurnkeeperError,
 )
 from turnkeeper.sandbox import (
+    AgentCommand,
     JournalHandle,
     JournalPaths,
     JournalReader,
@@ -42,7 +43,7 @@ from turnkeeper.sandbox import (
     SandboxRef,
     SandboxSpec,
     exit_sentinel_line,
-    nonce_for,
+    new_nonce,
     spawn_journaled,
     stderr_tail,
 )
@@ -101,7 +102,7 @@ class Attempt:
         payload = run.payload if isinstance(run.payload, dict) else {}
         self.prompt = str(payload.get("prompt", ""))
         self.spec = AgentSpec.from_payload(payload.get("agent", "scripted"))
-        self.provider = runtime.provider(payload.get("provider"))
+        self.provider = runtime.provider_to_run(payload.get("provider"))
         self.translator = translator_for(self.spec.format, claim.run_id)
         self.slot = self.store.get_turn_slot(claim.run_id)
         self.recorder = TurnRecorder(self.store, claim, run.session_id, keeper.lost, self.slot)
@@ -168,7 +169,7 @@ class Attempt:
         else:
             self._replay_previous(self.placement.journals)
             handle = self._new_journal(sandbox)
-        self._spawn(sandbox, handle, self.spec.argv(self.prompt))
+        self._spawn(sandbox, handle, self.spec.start_command())
 
     def _attach(self) -> None:
         sandbox = self._resume()
@@ -184,8 +185,7 @@ class Attempt:
         lines = self._segment_lines(last)
         exit_code = None
         if lines:
-            nonce = nonce_for(last.ref, self.claim.run_id, self.rt.secret)
-            exit_code = parse_sentinel(lines[-1][0], nonce)
+            exit_code = parse_sentinel(lines[-1][0], last.nonce)
         if exit_code is None:
             self._fail_lost()  # consumed yet no sentinel: the segments are not whole
             return
@@ -200,13 +200,12 @@ class Attempt:
     def _spawn_continuation(self) -> None:
         sandbox = self._resume() or self._create_sandbox()
         handle = self._new_journal(sandbox)
-        argv = self.spec.continuation_argv(
-            self.prompt,
+        command = self.spec.continuation_command(
             session_id=self.translator.session_id,
             start_turn=self.recorder.tracker.turns_completed,
         )
         self._log.info("run.continuing", journal=len(self.placement.journals))
-        self._spawn(sandbox, handle, argv)
+        self._spawn(sandbox, handle, command)
 
     def _fail_lost(self) -> None:
         self._replay_previous(self.placement.journals)
@@ -232,15 +231,16 @@ class Attempt:
 
     # --- journals ---------------------------------------------------------------------
 
-    def _spawn(self, sandbox: Sandbox, handle: JournalHandle, argv: list[str]) -> None:
+    def _spawn(self, sandbox: Sandbox, handle: JournalHandle, command: AgentCommand) -> None:
         failpoint(self.settings, "before-spawn", self.claim.run_id)
         try:
             spawn_journaled(
                 sandbox,
                 self.claim.run_id,
-                argv,
-                secret=self.rt.secret,
+                command,
+                prompt=self.prompt.encode(),
                 process=handle.paths.process,
+                nonce=handle.nonce,
             )
         except JournalExistsError:
             self._log.info("journal.already_started", journal=handle.paths.process)
@@ -251,7 +251,7 @@ class Attempt:
         reader = JournalReader(
             sandbox,
             handle.paths,
-            nonce=nonce_for(handle.ref, self.claim.run_id, self.rt.secret),
+            nonce=handle.nonce,
             poll_interval=self.settings.journal_poll_interval,
             first_byte_timeout=self.settings.journal_stall_timeout,
             max_bytes=self.settings.journal_max_bytes,
@@ -326,9 +326,7 @@ class Attempt:
     ) -> None:
         """At the sentinel: all bytes stored, the last turn committed, log closed, settled."""
         failpoint(self.settings, "after-sentinel", self.claim.run_id)
-        sentinel = exit_sentinel_line(
-            self.claim.run_id, exit_code, secret=self.rt.secret, sandbox_id=handle.ref.id
-        )
+        sentinel = exit_sentinel_line(exit_code, handle.nonce)
         # At its own offset, so that bytes a predecessor stored are never stored twice.
         self.output.write_bytes(handle.journal_key, sentinel_end - len(sentinel), sentinel)
         failpoint(self.settings, "sentinel-stored", self.claim.run_id)
@@ -340,6 +338,9 @@ class Attempt:
         error = None
         if failure is not None:
             stderr = stderr_tail(sandbox, handle.paths) if sandbox else b""
+            limit = _limit_hit(sandbox) if exit_code != 0 else None
+            if limit is not None:
+                failure = lifecycle.run_error(limit[1], limit[0])
             error = {
                 "reason": failure["code"],
                 "message": failure["message"],
@@ -428,9 +429,7 @@ class Attempt:
         return None if ref is None else self.provider.resume(ref)
 
     def _create_sandbox(self) -> Sandbox:
-        spec = SandboxSpec(
-            env=dict(self.spec.env), journal_max_bytes=self.settings.journal_max_bytes
-        )
+        spec = SandboxSpec(journal_max_bytes=self.settings.journal_max_bytes)
         ref = self.provider.create(self.claim.run_id, spec)
         # Recorded with the first journal, before anything runs in it; a crash before
         # that leaves an empty orphan for the reaper.
@@ -443,7 +442,9 @@ class Attempt:
         """The next agent process's journal, recorded before the process starts."""
         process = 1 + sum(1 for j in self.placement.journals if j.ref.id == sandbox.ref.id)
         handle = JournalHandle(
-            sandbox.ref, JournalPaths(sandbox.ref.journal_dir, self.claim.run_id, process)
+            sandbox.ref,
+            JournalPaths(sandbox.ref.journal_dir, self.claim.run_id, process),
+            new_nonce(),  # recorded before the process starts: a successor reads it here
         )
         self.placement.journals.append(handle)
         self._record_placement()
@@ -454,6 +455,16 @@ class Attempt:
         if not self.store.record_sandbox(self.claim, self.placement.to_dict()):
             self.keeper.lost.set()
             self.output.check_ownership()
+
+
+def _limit_hit(sandbox: Sandbox | None) -> tuple[str, str] | None:
+    """Why a failed agent was killed, when a limit of its sandbox says so."""
+    events = sandbox.limit_events() if sandbox is not None else {}
+    if events.get("oom_kill"):
+        return "memory-limit", "the agent passed its memory limit and was killed"
+    if events.get("max"):
+        return "pids-limit", "the agent reached its process limit"
+    return None
 
 
 def _journal_exists(sandbox: Sandbox, paths: JournalPaths) -> bool:

@@ -1,12 +1,11 @@
-"""Sandboxes and the run journal: providers, journaled agents, readers, probes and pruning."""
+"""Sandboxes and the run journal: providers, the jail, journaled agents and their readers."""
 
 from __future__ import annotations
 
 from turnkeeper.sandbox.codec import decode_run_id, encode_run_id, parse_journal_name
+from turnkeeper.sandbox.command import PROMPT, PROMPT_FILE, AgentCommand
 from turnkeeper.sandbox.factory import provider_for
-from turnkeeper.sandbox.journal import JournalPaths, exit_sentinel_line, sentinel_nonce
-from turnkeeper.sandbox.preflight import RunStatusLookup, await_attachable_journal
-from turnkeeper.sandbox.probe import ExitProbe, cleanup_journal, probe_exit, stderr_tail
+from turnkeeper.sandbox.journal import JournalPaths, exit_sentinel_line, new_nonce
 from turnkeeper.sandbox.provider import (
     Capabilities,
     ExecResult,
@@ -16,44 +15,38 @@ from turnkeeper.sandbox.provider import (
     SandboxRef,
     SandboxSpec,
 )
-from turnkeeper.sandbox.prune import PruneResult, prune_journals
 from turnkeeper.sandbox.reader import JournalReader, StopSignal, strategy_for
 from turnkeeper.sandbox.runner import (
     JournalHandle,
     latest_journal,
     list_journals,
-    nonce_for,
     spawn_journaled,
+    stderr_tail,
 )
 
 __all__ = [
+    "PROMPT",
+    "PROMPT_FILE",
+    "AgentCommand",
     "Capabilities",
     "ExecResult",
-    "ExitProbe",
     "JournalHandle",
     "JournalPaths",
     "JournalReader",
-    "PruneResult",
-    "RunStatusLookup",
     "Sandbox",
     "SandboxProcess",
     "SandboxProvider",
     "SandboxRef",
     "SandboxSpec",
     "StopSignal",
-    "await_attachable_journal",
-    "cleanup_journal",
     "decode_run_id",
     "encode_run_id",
     "exit_sentinel_line",
     "latest_journal",
     "list_journals",
-    "nonce_for",
+    "new_nonce",
     "parse_journal_name",
-    "probe_exit",
     "provider_for",
-    "prune_journals",
-    "sentinel_nonce",
     "spawn_journaled",
     "stderr_tail",
     "strategy_for",

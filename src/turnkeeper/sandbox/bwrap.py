@@ -1,24 +1,43 @@
-"""The ``bwrap`` provider: the local layout, every command jailed by bubblewrap.
+"""The ``bwrap`` provider: the local layout, the agent alone in a bubblewrap jail.
 
-The jail sees the host root read-only, a private ``/tmp``, its own PID, IPC and UTS
-namespaces and no network unless the spec allows it. Only the workspace and the
-journal directory are writable, bound at their host paths so the host reads the
-same journal files the jail writes. No ``--die-with-parent``: a detached agent must
-outlive the worker that started it; killing the process group of a spawned command
-still ends its jail, because the jail's init is in that group.
+Journal helpers and the writer run on the host, outside the jail, with the base
+environment only; the journal directory is never bound into the jail. The writer
+starts the jail (``jail.jail_argv``) as its child, so ``--die-with-parent`` ties the
+jail to the writer (which outlives the worker), and the jail's pid namespace ends
+every process the agent started the moment its main process exits, before the
+sentinel is written. A root worker gives every sandbox a uid of its own from
+``TURNKEEPER_SANDBOX_UIDS`` and its workspace to that uid.
 """
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from turnkeeper.errors import SandboxError
-from turnkeeper.sandbox.local import LocalProvider, ProcessSandbox
-from turnkeeper.sandbox.provider import Capabilities
+from turnkeeper.sandbox.cgroup import CgroupTree, Limits
+from turnkeeper.sandbox.command import AgentCommand, AgentLaunch, agent_script
+from turnkeeper.sandbox.jail import (
+    PROMPT_FD,
+    PROMPT_PATH,
+    WORKSPACE,
+    Egress,
+    Jail,
+    identity_files,
+    jail_argv,
+    read_only_binds,
+)
+from turnkeeper.sandbox.journal import LAUNCH_FAILED_EXIT, JournalPaths
+from turnkeeper.sandbox.local import LocalProvider, ProcessSandbox, SandboxState
+from turnkeeper.sandbox.provider import Capabilities, SandboxRef, base_environment
+from turnkeeper.sandbox.uids import UidPool
 
 BWRAP = "bwrap"
+PASSWD_FILE = "passwd"  # noqa: S105 - the jail's /etc/passwd, no password in it
+GROUP_FILE = "group"
 
 
 def bwrap_binary() -> str | None:
@@ -35,29 +54,109 @@ class BwrapSandbox(ProcessSandbox):
         resource_limits=True,
     )
 
-    def wrap(self, argv: Sequence[str]) -> list[str]:
-        ref = self.ref
-        jail = [
-            BWRAP,
-            "--ro-bind", "/", "/",
-            "--dev", "/dev",
-            "--proc", "/proc",
-            "--tmpfs", "/tmp",  # noqa: S108 - a private, empty /tmp inside the jail
-            "--bind", ref.workspace, ref.workspace,
-            "--bind", ref.journal_dir, ref.journal_dir,
-            "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-            "--chdir", ref.workspace,
-        ]  # fmt: skip
-        if not ref.spec.network:
-            jail.append("--unshare-net")
-        return [*jail, "--", *argv]
+    def __init__(
+        self,
+        ref: SandboxRef,
+        state: SandboxState,
+        rlimits: Limits | None = None,
+        *,
+        ro_binds: Sequence[str] = (),
+        egress: Callable[[], Egress] | None = None,
+    ) -> None:
+        super().__init__(ref, state, rlimits)
+        self.ro_binds = tuple(ro_binds)
+        self.egress = egress
+
+    @property
+    def helper_cwd(self) -> str:
+        return self.ref.root  # the workspace belongs to the agent's uid
+
+    def launch(self, paths: JournalPaths, command: AgentCommand | str) -> AgentLaunch:
+        preset = command.read_only if isinstance(command, AgentCommand) else ()
+        jail = Jail(
+            workspace=self.ref.workspace,
+            passwd_file=f"{self.ref.root}/{PASSWD_FILE}",
+            group_file=f"{self.ref.root}/{GROUP_FILE}",
+            uid=self.state.uid,
+            read_only=read_only_binds([*self.ro_binds, *preset]),
+            egress=self.egress() if self.egress is not None else None,
+        )
+        script = agent_script(command, PROMPT_PATH, self.agent_rlimits)
+        argv = shlex.join(jail_argv(jail, base_environment(WORKSPACE), script))
+        attach = ""
+        if self.state.cgroup is not None:
+            attach = f"{self.state.cgroup.attach_script()} || exit {LAUNCH_FAILED_EXIT}; "
+        return AgentLaunch(f"( {attach}exec {argv} ) {PROMPT_FD}<{shlex.quote(paths.prompt_file)}")
 
 
 class BwrapProvider(LocalProvider):
+    """``ro_binds`` are the operator's extra read-only paths; ``uids`` the range a root
+    worker hands out; ``egress`` gives the proxy binding for each new agent process."""
+
     name = "bwrap"
     sandbox_class = BwrapSandbox
 
-    def __init__(self, root: Path) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        limits: Limits | None = None,
+        cgroups: CgroupTree | None = None,
+        ro_binds: Sequence[str] = (),
+        uids: UidPool | None = None,
+        egress: Callable[[], Egress] | None = None,
+    ) -> None:
         if bwrap_binary() is None:
             raise SandboxError("bubblewrap (bwrap) is not installed", reason="bwrap-missing")
-        super().__init__(root)
+        super().__init__(root, limits=limits, cgroups=cgroups)
+        self.ro_binds = tuple(ro_binds)
+        self.uids = uids if os.geteuid() == 0 else None
+        if os.geteuid() == 0 and self.uids is None:
+            raise SandboxError(
+                "a root worker needs a uid range for its agents", reason="no-uid-range"
+            )
+        self.egress = egress
+
+    def _prepare(self, root: Path, sandbox_id: str) -> None:
+        uid = os.getuid() if self.uids is None else self.uids.claim(root)
+        try:
+            self._prepare_for(root, sandbox_id, uid)
+        except (OSError, SandboxError):
+            if self.uids is not None:
+                self.uids.release(uid, root)
+            raise
+
+    def _prepare_for(self, root: Path, sandbox_id: str, uid: int) -> None:
+        passwd, group = identity_files(uid)
+        for name, text in ((PASSWD_FILE, passwd), (GROUP_FILE, group)):
+            path = root / name
+            path.write_text(text, encoding="utf-8")
+            path.chmod(0o644)
+        if self.uids is not None:
+            os.chown(root / "workspace", uid, uid)
+        cgroup = None
+        if self.cgroups is not None and self.limits is not None:
+            cgroup = self.cgroups.create(self.root, sandbox_id, self.limits)
+        SandboxState(uid=uid if self.uids is not None else None, cgroup=cgroup).write(root)
+
+    def resume(self, ref: SandboxRef) -> BwrapSandbox | None:
+        root = self._owned_root(ref)
+        if not (root / "workspace").is_dir() or not (root / "journal").is_dir():
+            return None
+        return BwrapSandbox(
+            ref,
+            SandboxState.read(root),
+            self.limits,
+            ro_binds=self.ro_binds,
+            egress=self.egress,
+        )
+
+    def _release(self, root: Path, state: SandboxState) -> None:
+        if self.uids is not None and state.uid is not None:
+            self.uids.release(state.uid, root)
+
+    def sweep(self) -> int:
+        swept = super().sweep()
+        if self.uids is not None:
+            swept += self.uids.release_stale()
+        return swept

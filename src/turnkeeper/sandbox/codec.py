@@ -3,7 +3,7 @@
 A run id is any caller-chosen string, so it may hold ``/``, ``..``, newlines or shell
 metacharacters. Journal files are named by its encoding, whose alphabet is
 ``[A-Za-z0-9.-]`` plus ``_`` escapes: such a name can never leave its directory or
-mean anything to a shell. The decoder is used by the prune sweep, which deletes files,
+mean anything to a shell. The decoder finds a run's journals in a directory listing,
 so it refuses anything it cannot decode exactly.
 """
 
@@ -30,8 +30,9 @@ _TOKEN_ALPHABET = re.compile(r"[A-Za-z0-9._-]+")
 _TRUNCATED_TAIL = re.compile(r"-[0-9a-f]{16}")
 _ESCAPE = re.compile(r"_([0-9A-Fa-f]{2})")
 
-JOURNAL_EXTENSIONS = ("ndjson", "err", "lock", "nonce", "stdin")
-"""Every file a journaled agent process owns: journal, stderr, liveness lock, nonce, input."""
+JOURNAL_EXTENSIONS = ("ndjson", "err", "lock", "nonce", "prompt", "env")
+"""Every file a journaled agent process owns: journal, stderr, liveness lock, nonce,
+prompt and environment."""
 
 
 def _escape_all(data: bytes) -> str:

@@ -1,15 +1,54 @@
-"""Building providers from Settings, and finding the provider of a stored reference."""
+"""Building providers from Settings, and which providers are at least as strong as another.
+
+Providers are ranked by what they isolate: ``local`` (nothing) below ``ssh`` (another
+host, no jail there) below ``bwrap`` (a jail). A worker runs a run only in its
+configured provider or a stronger one: a run's payload can never pick a weaker one.
+"""
 
 from __future__ import annotations
 
+import os
+
+import structlog
+
 from turnkeeper.config import Settings
-from turnkeeper.errors import ConfigError
+from turnkeeper.errors import ConfigError, SandboxError
 from turnkeeper.sandbox.bwrap import BwrapProvider
+from turnkeeper.sandbox.cgroup import CgroupTree, Limits
 from turnkeeper.sandbox.local import LocalProvider
 from turnkeeper.sandbox.provider import SandboxProvider
 from turnkeeper.sandbox.ssh import SshProvider, SshTarget
+from turnkeeper.sandbox.uids import UidPool
+
+log = structlog.get_logger(__name__)
 
 PROVIDER_NAMES = ("local", "bwrap", "ssh")
+STRENGTH = {"local": 0, "ssh": 1, "bwrap": 2}
+
+
+def at_least_as_strong(requested: str, configured: str) -> bool:
+    return STRENGTH.get(requested, -1) >= STRENGTH.get(configured, len(STRENGTH))
+
+
+def limits_of(settings: Settings) -> Limits:
+    return Limits(settings.sandbox_memory, settings.sandbox_cpus, settings.sandbox_pids)
+
+
+def cgroup_tree() -> CgroupTree | None:
+    """This host's cgroup tree for sandboxes; None (rlimits instead) for a worker that is
+    not root and was delegated none. A root worker without one is misconfigured."""
+    try:
+        return CgroupTree.detect()
+    except SandboxError as exc:
+        if os.geteuid() == 0:
+            raise ConfigError(
+                f"cannot limit sandboxes: {exc.message}; mount cgroup v2 (or v1 memory, "
+                "pids, cpu) read-write, or run the worker as an unprivileged user "
+                "(limits are then rlimits)",
+                reason="cgroup-unusable",
+            ) from exc
+        log.warning("sandbox.no_cgroup", error=exc.message, fallback="rlimits")
+        return None
 
 
 def provider_for(name: str, settings: Settings, *, ssh: SshTarget | None = None) -> SandboxProvider:
@@ -18,9 +57,18 @@ def provider_for(name: str, settings: Settings, *, ssh: SshTarget | None = None)
     The ``ssh`` provider reaches ``TURNKEEPER_SSH_HOST`` unless a target is passed in.
     """
     if name == "local":
-        return LocalProvider(settings.sandboxes_dir)
+        return LocalProvider(
+            settings.sandboxes_dir, limits=limits_of(settings), cgroups=cgroup_tree()
+        )
     if name == "bwrap":
-        return BwrapProvider(settings.sandboxes_dir)
+        first, last = settings.sandbox_uid_range
+        return BwrapProvider(
+            settings.sandboxes_dir,
+            limits=limits_of(settings),
+            cgroups=cgroup_tree(),
+            ro_binds=settings.ro_bind_paths,
+            uids=UidPool(first, last),
+        )
     if name == "ssh":
         if ssh is None and settings.ssh_host:
             ssh = SshTarget(

@@ -1,40 +1,44 @@
 """The run journal's files, its exit sentinel and every shell command that touches it.
 
-Pure functions: paths from (directory, run id, process number), the sentinel nonce,
-the sentinel's exact bytes and its parser, and the argv of each journal operation.
-All paths are built from the encoded run id and single-quoted anyway.
+Pure functions: paths from (directory, run id, process number), a fresh nonce, the
+sentinel's exact bytes and its parser, and the argv of each journal operation. All
+paths are built from the encoded run id and single-quoted anyway.
 
 Each agent process of a run gets its own files, ``<dir>/<encoded>.<n>.ndjson`` (stdout
-plus the sentinel), ``.err`` (stderr), ``.lock`` (held by the writer for the agent's
-whole life: the liveness witness), ``.nonce`` (read then deleted by the writer before
-the agent starts) and ``.stdin`` (the agent's input), so nothing is ever appended
-behind an old sentinel.
+plus the sentinel), ``.err`` (the tail of stderr), ``.lock`` (held by the writer for
+the agent's whole life: the liveness witness), ``.nonce`` and ``.env`` (read, then
+deleted, by the writer before the agent starts) and ``.prompt``, so nothing is ever
+appended behind an old sentinel. The directory is on the sandbox's host, outside
+anything a jail shows its agent.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import re
+import secrets
 import shlex
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from turnkeeper.errors import InvalidSentinelError, JournalError
 from turnkeeper.sandbox.codec import encode_run_id
+from turnkeeper.sandbox.command import ENV_FD
 
 SENTINEL_PREFIX = b'{"__exit":'
 _SENTINEL = re.compile(rb'\{"__exit":(-?(?:0|[1-9][0-9]{0,9})),"__nonce":"([0-9a-f]{64})"\}')
-_DOMAIN = "turnkeeper/journal-exit-sentinel/v1"
+_NONCE = re.compile(r"[0-9a-f]{64}")
 
 EXIT_PROBE_BYTES = 4096
 STDERR_TAIL_BYTES = 4096
+STDERR_KEEP_BYTES = 64 * 1024
+"""The writer keeps only this much of an agent's stderr: a bounded file, whatever it prints."""
 POLL_READ_BYTES = 4 * 1024 * 1024
 
 LIVENESS_ALIVE = 1
 LIVENESS_FREE = 0
 LIVENESS_NOT_STARTED = 3
 JOURNAL_EXISTS_EXIT = 17
+LAUNCH_FAILED_EXIT = 125
 # A liveness probe holds the writer's lock for an instant; the writer waits that out
 # rather than mistaking it for a second writer and never starting the agent.
 WRITER_LOCK_WAIT = 10
@@ -42,7 +46,7 @@ WRITER_LOCK_WAIT = 10
 
 @dataclass(frozen=True, slots=True)
 class JournalPaths:
-    """The files of one agent process of one run, inside its sandbox."""
+    """The files of one agent process of one run, on its sandbox's host."""
 
     directory: str
     run_id: str
@@ -76,36 +80,33 @@ class JournalPaths:
         return f"{self.base}.nonce"
 
     @property
-    def stdin_file(self) -> str:
-        return f"{self.base}.stdin"
+    def prompt_file(self) -> str:
+        return f"{self.base}.prompt"
 
     @property
-    def all_files(self) -> tuple[str, ...]:
-        return (self.journal, self.stderr, self.lock, self.nonce_file, self.stdin_file)
+    def env_file(self) -> str:
+        return f"{self.base}.env"
 
 
-def sentinel_nonce(run_id: str, *, secret: str | None = None, sandbox_id: str = "") -> str:
-    """64 hex digits only the writer and the fleet know.
-
-    With a server secret: HMAC-SHA256(secret, run_id); any worker or reaper can
-    recompute it and the agent, which never sees the secret, cannot. Without one: a
-    hash derived from the sandbox id and run id (forgeable by a determined agent).
-    """
-    if secret:
-        return hmac.new(secret.encode(), run_id.encode(), hashlib.sha256).hexdigest()
-    return hashlib.sha256(f"{_DOMAIN}:{sandbox_id}:{run_id}".encode()).hexdigest()
+def new_nonce() -> str:
+    """64 random hex digits for one agent process: known to the writer and the fleet's
+    store only, derived from nothing an agent could know."""
+    return secrets.token_hex(32)
 
 
-def exit_sentinel_line(
-    run_id: str, code: int, *, secret: str | None = None, sandbox_id: str = ""
-) -> bytes:
+def check_nonce(nonce: str) -> str:
+    if _NONCE.fullmatch(nonce) is None:
+        raise JournalError("a sentinel nonce is 64 lowercase hex digits", reason="bad-nonce")
+    return nonce
+
+
+def exit_sentinel_line(code: int, nonce: str) -> bytes:
     """The exact bytes the writer appends when the agent exits, newline included."""
-    nonce = sentinel_nonce(run_id, secret=secret, sandbox_id=sandbox_id)
-    return b'{"__exit":%d,"__nonce":"%s"}\n' % (code, nonce.encode())
+    return b'{"__exit":%d,"__nonce":"%s"}\n' % (code, check_nonce(nonce).encode())
 
 
 def parse_sentinel(line: bytes, nonce: str) -> int | None:
-    """The exit code if ``line`` (without newline) is this run's sentinel, else None.
+    """The exit code if ``line`` (without newline) is this process's sentinel, else None.
 
     A line that carries the nonce but is not exactly the sentinel (a non-integer
     exit, extra keys, another key order) raises: only the writer knows the nonce.
@@ -118,22 +119,16 @@ def parse_sentinel(line: bytes, nonce: str) -> int | None:
     return int(match.group(1))
 
 
-def find_exit(tail: bytes, nonce: str) -> int | None:
-    """The exit code of the last sentinel in a journal's tail window, else None.
-
-    The first line of the window may be partial; it can only be a sentinel if it
-    is complete, and a partial one never matches the exact form.
-    """
-    for line in reversed(tail.split(b"\n")):
-        if not line.startswith(SENTINEL_PREFIX):
-            continue
-        try:
-            code = parse_sentinel(line, nonce)
-        except InvalidSentinelError:
-            continue
-        if code is not None:
-            return code
-    return None
+def final_exit(tail: bytes, nonce: str) -> int | None:
+    """The exit code when the journal (whose last bytes are ``tail``) ends with this
+    process's sentinel line, else None: a sentinel is only ever the final line."""
+    if not tail.endswith(b"\n"):
+        return None
+    last = tail[:-1].rpartition(b"\n")[2]
+    try:
+        return parse_sentinel(last, nonce)
+    except InvalidSentinelError:
+        return None
 
 
 def _q(path: str) -> str:
@@ -145,59 +140,58 @@ def _sh(script: str) -> list[str]:
 
 
 def prepare_argv(paths: JournalPaths) -> list[str]:
-    """Create the journal exclusively and store the nonce and input (fed on stdin).
+    """Create the journal exclusively and store nonce, environment and prompt.
 
-    Exits ``JOURNAL_EXISTS_EXIT`` when this agent process's journal already exists.
+    Fed on stdin: the nonce and a newline, the environment file's length and a newline,
+    that many bytes, then the prompt to the end. Exits ``JOURNAL_EXISTS_EXIT`` when this
+    agent process's journal already exists.
     """
     return _sh(
         f"umask 077 && mkdir -p {_q(paths.directory)} || exit 2; "
         f"[ -e {_q(paths.journal)} ] && exit {JOURNAL_EXISTS_EXIT}; "
         f"set -C && : > {_q(paths.journal)} && : > {_q(paths.stderr)} "
         f"&& IFS= read -r nonce && printf '%s' \"$nonce\" > {_q(paths.nonce_file)} "
-        f"&& cat > {_q(paths.stdin_file)}"
+        f'&& IFS= read -r size && head -c "$size" > {_q(paths.env_file)} '
+        f"&& cat > {_q(paths.prompt_file)}"
     )
 
 
-@dataclass(frozen=True, slots=True)
-class AgentLimits:
-    """Resource limits applied to the agent's subshell only, never to the writer."""
-
-    journal_max_bytes: int | None = None
-    cpu_seconds: int | None = None
-    memory_bytes: int | None = None
-
-    def ulimit_script(self) -> str:
-        parts = []
-        if self.journal_max_bytes is not None:
-            parts.append(f"ulimit -f {-(-self.journal_max_bytes // 512)}")  # 512-byte blocks
-        if self.cpu_seconds is not None:
-            parts.append(f"ulimit -t {self.cpu_seconds}")
-        if self.memory_bytes is not None:
-            parts.append(f"ulimit -v {max(1, self.memory_bytes // 1024)}")
-        return "".join(f"{p} || exit 126; " for p in parts)
-
-
 def writer_argv(
-    paths: JournalPaths, command: str | Sequence[str], limits: AgentLimits | None = None
+    paths: JournalPaths,
+    launch: str,
+    *,
+    journal_max_bytes: int | None = None,
+    after_exit: str = "",
 ) -> list[str]:
-    """The detached writer: lock, agent in a subshell appending to the journal, sentinel.
+    """The detached writer: lock, agent through a pipe into the journal, sentinel.
 
-    ``command`` is shell code (trusted configuration, interpolated raw) or an argv
-    (quoted). Stdout and stderr are appended, never truncated, and never piped: a
-    dead reader can therefore never SIGPIPE the agent. The subshell means an ``exit``
-    in the command cannot skip the sentinel; a newline is added first when the agent
-    left a partial last line, so the sentinel always starts its own line.
+    ``launch`` is the provider's shell code that runs the agent in its sandbox
+    (:meth:`Sandbox.launch`). The agent never holds a descriptor of the journal: its
+    stdout is a pipe that ``cat``, on this side, appends to the journal, so the agent
+    can neither truncate nor rewrite it, nor write after the sentinel; its stderr goes
+    through ``tail``, which keeps the last ``STDERR_KEEP_BYTES``. Its exit status comes
+    back on descriptor 5 the moment it exits; ``after_exit`` then runs (a provider
+    without a pid namespace ends what the agent left running there), the pipes drain,
+    and the sentinel is appended on a line of its own. The lock is held throughout.
     """
-    agent = command if isinstance(command, str) else "exec " + shlex.join(command)
-    ulimits = (limits or AgentLimits()).ulimit_script()
-    j = _q(paths.journal)
+    j, err = _q(paths.journal), _q(paths.stderr)
+    cap = ""
+    if journal_max_bytes is not None:  # 512-byte blocks; the writer's sentinel is exempt
+        cap = f"ulimit -f {-(-journal_max_bytes // 512)} || exit {LAUNCH_FAILED_EXIT}; "
+    closed = f"5>&- {ENV_FD}<&- 9>&-"  # what only the writer itself may hold
+    agent = (
+        f"{{ {{ {launch} 4>&- 5>&- 9>&-; echo $? >&5; {after_exit or ':'}; }} 2>&4 "
+        f"| ( {cap}exec cat ) >>{j} 4>&- {closed}; }} 4>&1 "
+        f"| exec tail -c {STDERR_KEEP_BYTES} >>{err} {closed}"
+    )
     return _sh(
         f"exec 9>>{_q(paths.lock)} || exit 97; flock -w {WRITER_LOCK_WAIT} 9 || exit 98; "
         f"nonce=$(cat {_q(paths.nonce_file)}) && rm -f {_q(paths.nonce_file)} || exit 99; "
-        f"{{ ( unset nonce; {ulimits}\n{agent}\n) < {_q(paths.stdin_file)}; code=$?; "
-        f'if [ -s {j} ] && [ "$(tail -c 1 {j} | wc -l)" -eq 0 ]; then printf "\\n"; fi; '
-        f'printf \'{{"__exit":%d,"__nonce":"%s"}}\\n\' "$code" "$nonce"; '
-        f"}} >>{j} 2>>{_q(paths.stderr)}"
+        f"exec {ENV_FD}<{_q(paths.env_file)} && rm -f {_q(paths.env_file)} || exit 96; "
+        f"code=$( {{ {agent}; }} 5>&1 ); exec {ENV_FD}<&-; "
+        f'if [ -s {j} ] && [ "$(tail -c 1 {j} | wc -l)" -eq 0 ]; then printf "\\n" >>{j}; fi; '
+        f'printf \'{{"__exit":%d,"__nonce":"%s"}}\\n\' "${{code:-{LAUNCH_FAILED_EXIT}}}" '
+        f'"$nonce" >>{j}'
     )
 
 
@@ -213,6 +207,11 @@ def read_argv(paths: JournalPaths, from_byte: int, max_bytes: int = POLL_READ_BY
     if max_bytes <= 0:
         raise JournalError("read bound must be positive", reason="bad-bound")
     return _sh(f"tail -c +{from_byte + 1} -- {_q(paths.journal)} 2>/dev/null | head -c {max_bytes}")
+
+
+def size_argv(paths: JournalPaths) -> list[str]:
+    """The journal's size in bytes."""
+    return _sh(f"stat -c %s -- {_q(paths.journal)}")
 
 
 def tail_argv(path: str, max_bytes: int) -> list[str]:
@@ -235,21 +234,10 @@ def liveness_argv(paths: JournalPaths) -> list[str]:
     )
 
 
-def cleanup_argv(paths: JournalPaths) -> list[str]:
-    return _sh("rm -f -- " + " ".join(_q(p) for p in paths.all_files))
-
-
 def list_argv(directory: str) -> list[str]:
     """Names in a journal directory (dot-files too); exit 3 when it does not exist."""
     d = _q(directory.rstrip("/") or "/")
     return _sh(f"[ -d {d} ] || exit 3; ls -1A -- {d} 2>/dev/null")
-
-
-def mtime_argv(directory: str) -> list[str]:
-    """The sandbox clock, then ``<mtime> <path>`` for the directory itself (witness) and
-    each entry. No witness line means the listing is unusable, never "empty"."""
-    d = _q(directory.rstrip("/") or "/")
-    return _sh(f"date +%s; stat -c '%Y %n' -- {d} {d}/* {d}/.[!.]* {d}/..?* 2>/dev/null; exit 0")
 
 
 def _check_offset(from_byte: int) -> None:

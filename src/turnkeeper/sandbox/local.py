@@ -1,39 +1,81 @@
-"""The ``local`` provider: a directory per sandbox, agents in their own session.
+"""The ``local`` provider: a directory per sandbox, agents as host processes. No boundary.
 
-Each sandbox is ``<root>/<id>/{workspace,journal}``. Every command runs with the
-sandbox's minimal environment and the workspace as its directory; spawned commands
-lead their own process group (so ``kill`` ends the whole tree) and detached ones lead
-their own session (so a dying worker takes nothing with it). Detached process groups
-are recorded in ``<root>/<id>/procs`` so ``destroy`` can end them.
+Each sandbox is ``<root>/<id>/{workspace,journal}``. Journal helpers run with the base
+environment only, the workspace as their directory; spawned commands lead their own
+process group (so ``kill`` ends the whole tree) and detached ones lead their own
+session (so a dying worker takes nothing with it). Detached process groups are
+recorded in ``<root>/<id>/procs`` so ``destroy`` can end them.
+
+What ``local`` does promise is cleanup and limits. With a cgroup (a root worker, or a
+delegated hierarchy) the agent runs in a group of its own: limited, and ended whole
+when its main process exits or the sandbox is destroyed, ``setsid`` daemons included.
+Without one, memory and processes are capped by rlimits (``RLIMIT_DATA`` and the
+per-user ``RLIMIT_NPROC``; CPU is not limited) and a daemon that left the agent's
+process group survives ``destroy``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import psutil
 import structlog
 
 from turnkeeper.errors import SandboxError
+from turnkeeper.sandbox.cgroup import Cgroup, CgroupTree, Limits
+from turnkeeper.sandbox.command import AgentCommand, AgentLaunch, agent_script
+from turnkeeper.sandbox.journal import LAUNCH_FAILED_EXIT, JournalPaths
 from turnkeeper.sandbox.provider import (
     Capabilities,
     ExecResult,
     SandboxRef,
     SandboxSpec,
-    agent_environment,
+    base_environment,
 )
 
 log = structlog.get_logger(__name__)
 
 PROCS_FILE = "procs"
+STATE_FILE = "sandbox.json"
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxState:
+    """What a sandbox's host keeps about it beside its directories (``sandbox.json``)."""
+
+    uid: int | None = None
+    cgroup: Cgroup | None = None
+
+    def write(self, root: Path) -> None:
+        data: dict[str, Any] = {"uid": self.uid}
+        data["cgroup"] = self.cgroup.to_dict() if self.cgroup else None
+        (root / STATE_FILE).write_text(json.dumps(data), encoding="utf-8")
+
+    @classmethod
+    def read(cls, root: Path) -> SandboxState:
+        try:
+            data = json.loads((root / STATE_FILE).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return cls()
+        except (OSError, ValueError) as exc:
+            raise SandboxError(f"unreadable sandbox state: {exc}", reason="bad-state") from exc
+        uid = data.get("uid")
+        cgroup = data.get("cgroup")
+        return cls(
+            uid=uid if isinstance(uid, int) else None,
+            cgroup=Cgroup.from_dict(cgroup) if isinstance(cgroup, dict) else None,
+        )
 
 
 class LocalProcess:
@@ -65,7 +107,7 @@ class LocalProcess:
 
 
 class ProcessSandbox:
-    """Commands run as host processes, optionally wrapped (bubblewrap wraps them)."""
+    """The host side of a sandbox: helpers and the writer run here as plain processes."""
 
     provider_capabilities = Capabilities(
         background_processes=True,
@@ -75,9 +117,11 @@ class ProcessSandbox:
         resource_limits=True,
     )
 
-    def __init__(self, ref: SandboxRef) -> None:
+    def __init__(self, ref: SandboxRef, state: SandboxState, rlimits: Limits | None = None) -> None:
         self._ref = ref
-        self._env = agent_environment(ref.workspace, ref.spec)
+        self.state = state
+        self.rlimits = rlimits
+        self._env = base_environment(ref.workspace)
 
     @property
     def ref(self) -> SandboxRef:
@@ -87,21 +131,41 @@ class ProcessSandbox:
     def capabilities(self) -> Capabilities:
         return self.provider_capabilities
 
-    def wrap(self, argv: Sequence[str]) -> list[str]:
-        """The host argv that runs ``argv`` inside the sandbox."""
-        return list(argv)
+    @property
+    def helper_cwd(self) -> str:
+        return self._ref.workspace
+
+    def launch(self, paths: JournalPaths, command: AgentCommand | str) -> AgentLaunch:
+        script = agent_script(command, paths.prompt_file, self.agent_rlimits)
+        code = f"exec /bin/sh -c {shlex.quote(script)} sh"
+        if self.state.cgroup is None:
+            return AgentLaunch(f"( {code} )")
+        attach = self.state.cgroup.attach_script()
+        return AgentLaunch(
+            f"( {attach} || exit {LAUNCH_FAILED_EXIT}; {code} )", self.state.cgroup.kill_script()
+        )
+
+    @property
+    def agent_rlimits(self) -> tuple[int, int] | None:
+        """Memory bytes and processes as rlimits, when no cgroup limits the agent."""
+        if self.state.cgroup is not None or self.rlimits is None:
+            return None
+        return self.rlimits.memory_bytes, self.rlimits.pids
+
+    def limit_events(self) -> dict[str, int]:
+        return {} if self.state.cgroup is None else self.state.cgroup.events()
 
     def exec(
         self, argv: Sequence[str], *, timeout: float | None = 60.0, stdin: bytes | None = None
     ) -> ExecResult:
         try:
             done = subprocess.run(
-                self.wrap(argv),
+                list(argv),
                 input=stdin,
                 capture_output=True,
                 timeout=timeout,
                 env=self._env,
-                cwd=self._ref.workspace,
+                cwd=self.helper_cwd,
                 stdin=None if stdin is not None else subprocess.DEVNULL,
                 start_new_session=True,
                 check=False,
@@ -115,12 +179,12 @@ class ProcessSandbox:
     def spawn(self, argv: Sequence[str]) -> LocalProcess:
         try:
             popen = subprocess.Popen(
-                self.wrap(argv),
+                list(argv),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
                 env=self._env,
-                cwd=self._ref.workspace,
+                cwd=self.helper_cwd,
                 start_new_session=True,
             )
         except OSError as exc:
@@ -135,11 +199,11 @@ class ProcessSandbox:
         launcher = ["/bin/sh", "-c", 'setsid "$@" </dev/null >/dev/null 2>&1 & echo $!', "sh"]
         try:
             done = subprocess.run(
-                [*launcher, *self.wrap(argv)],
+                [*launcher, *argv],
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 env=self._env,
-                cwd=self._ref.workspace,
+                cwd=self.helper_cwd,
                 timeout=60,
                 check=False,
             )
@@ -181,13 +245,21 @@ def kill_recorded_groups(root: Path) -> None:
 
 
 class LocalProvider:
-    """Sandboxes as directories under ``root`` (``Settings.sandboxes_dir``)."""
+    """Sandboxes as directories under ``root`` (``Settings.sandboxes_dir``).
+
+    ``cgroups`` places each sandbox in a group limited to ``limits``; without a tree,
+    ``limits`` become rlimits of the agent.
+    """
 
     name = "local"
     sandbox_class: type[ProcessSandbox] = LocalSandbox
 
-    def __init__(self, root: Path) -> None:
+    def __init__(
+        self, root: Path, *, limits: Limits | None = None, cgroups: CgroupTree | None = None
+    ) -> None:
         self.root = root.resolve()
+        self.limits = limits
+        self.cgroups = cgroups if limits is not None else None
 
     def create(self, run_id: str, spec: SandboxSpec) -> SandboxRef:
         sandbox_id = uuid.uuid4().hex
@@ -195,12 +267,21 @@ class LocalProvider:
         try:
             (root / "workspace").mkdir(parents=True, mode=0o700)
             (root / "journal").mkdir(mode=0o700)
-        except OSError as exc:
+            self._prepare(root, sandbox_id)
+        except (OSError, SandboxError) as exc:
+            shutil.rmtree(root, ignore_errors=True)
             raise SandboxError(
                 f"cannot create sandbox: {exc}", run_id=run_id, reason="create-failed"
             ) from exc
         log.info("sandbox.created", provider=self.name, sandbox=sandbox_id, run_id=run_id)
         return SandboxRef(provider=self.name, id=sandbox_id, root=str(root), spec=spec)
+
+    def _prepare(self, root: Path, sandbox_id: str) -> None:
+        """What a sandbox needs beyond its directories: here, its cgroup."""
+        cgroup = None
+        if self.cgroups is not None and self.limits is not None:
+            cgroup = self.cgroups.create(self.root, sandbox_id, self.limits)
+        SandboxState(cgroup=cgroup).write(root)
 
     def _owned_root(self, ref: SandboxRef) -> Path:
         root = Path(ref.root)
@@ -216,11 +297,18 @@ class LocalProvider:
         root = self._owned_root(ref)
         if not (root / "workspace").is_dir() or not (root / "journal").is_dir():
             return None
-        return self.sandbox_class(ref)
+        return self.sandbox_class(ref, SandboxState.read(root), self.limits)
 
     def destroy(self, ref: SandboxRef) -> None:
         root = self._owned_root(ref)
         kill_recorded_groups(root)
+        try:
+            state = SandboxState.read(root)
+        except SandboxError:
+            state = SandboxState()
+        if state.cgroup is not None:
+            state.cgroup.remove()
+        self._release(root, state)
         try:
             shutil.rmtree(root)
         except FileNotFoundError:
@@ -230,3 +318,21 @@ class LocalProvider:
                 f"cannot remove sandbox: {exc}", reason="destroy-failed", sandbox=ref.id
             ) from exc
         log.info("sandbox.destroyed", provider=self.name, sandbox=ref.id)
+
+    def _release(self, root: Path, state: SandboxState) -> None:
+        """Give back what the sandbox held beyond its directory (a uid, for bwrap)."""
+
+    def sweep(self) -> int:
+        """Remove the cgroups of this root's sandboxes whose directory is gone."""
+        if self.cgroups is None:
+            return 0
+        removed = 0
+        for sandbox_id, cgroup in self.cgroups.leftovers(self.root):
+            if (self.root / sandbox_id).exists():
+                continue
+            try:
+                cgroup.remove()
+                removed += 1
+            except SandboxError as exc:
+                log.warning("sandbox.cgroup_sweep_failed", sandbox=sandbox_id, error=str(exc))
+        return removed

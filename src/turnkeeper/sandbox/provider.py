@@ -3,10 +3,11 @@
 A provider creates, resumes and destroys sandboxes by a JSON-serializable reference
 (stored in Postgres), and a sandbox runs commands: ``exec`` (bounded, captured),
 ``spawn`` (streamed stdout, killable as a whole process group) and
-``start_detached`` (fire and forget, outlives the caller). Every journal touch is a
-command, so the same journal code serves a local directory, a bubblewrap jail, a host
-reached over SSH and, later, a container (``docker exec``, ``docker exec -d``,
-``docker rm -f``).
+``start_detached`` (fire and forget, outlives the caller). Those are the sandbox's
+host side: journal helpers and the writer run there with the base environment only,
+outside any jail. Only the agent itself is jailed, by the shell code ``launch`` gives
+the writer. Every journal touch is a command, so the same journal code serves a local
+directory, a bubblewrap jail and a host reached over SSH.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Protocol, runtime_checkable
 
 from turnkeeper.errors import SandboxError
+from turnkeeper.sandbox.command import AgentCommand, AgentLaunch
+from turnkeeper.sandbox.journal import JournalPaths
 
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -33,37 +36,17 @@ class Capabilities:
 
 @dataclass(frozen=True, slots=True)
 class SandboxSpec:
-    """How a sandbox is built and what its agents get.
+    """How a sandbox is built. What an agent gets (its environment, its prompt) is not
+    here: it is given per agent process and never stored with the sandbox."""
 
-    ``env`` is the only part of any environment an agent sees beyond the minimal base
-    (PATH, HOME, LANG, TERM): the worker's own environment never reaches it.
-    """
-
-    env: Mapping[str, str] = field(default_factory=dict)
-    network: bool = False
-    cpu_seconds: int | None = None
-    memory_bytes: int | None = None
     journal_max_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["env"] = dict(self.env)
-        return data
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SandboxSpec:
-        env = data.get("env") or {}
-        if not isinstance(env, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-        ):
-            raise SandboxError("sandbox spec env must map strings to strings", reason="bad-spec")
-        return cls(
-            env=dict(env),
-            network=bool(data.get("network", False)),
-            cpu_seconds=_optional_int(data.get("cpu_seconds")),
-            memory_bytes=_optional_int(data.get("memory_bytes")),
-            journal_max_bytes=_optional_int(data.get("journal_max_bytes")),
-        )
+        return cls(journal_max_bytes=_optional_int(data.get("journal_max_bytes")))
 
 
 def _optional_int(value: object) -> int | None:
@@ -160,6 +143,15 @@ class Sandbox(Protocol):
         """Start in its own session, unconnected to the caller, so it outlives the caller."""
         ...
 
+    def launch(self, paths: JournalPaths, command: AgentCommand | str) -> AgentLaunch:
+        """Shell code the journal writer runs as the agent: the agent in its sandbox, its
+        environment read from ``ENV_FD``, its prompt from ``paths.prompt_file``."""
+        ...
+
+    def limit_events(self) -> dict[str, int]:
+        """How often the sandbox hit a limit: ``oom_kill`` (memory), ``max`` (pids)."""
+        ...
+
 
 @runtime_checkable
 class SandboxProvider(Protocol):
@@ -176,9 +168,11 @@ class SandboxProvider(Protocol):
         """Kill its processes and remove it; idempotent."""
         ...
 
+    def sweep(self) -> int:
+        """Remove what destroyed sandboxes left behind on this host (cgroups, uid claims)."""
+        ...
 
-def agent_environment(workspace: str, spec: SandboxSpec) -> dict[str, str]:
-    """The whole environment of anything run in a sandbox: a minimal base plus the spec's."""
-    env = {"PATH": BASE_PATH, "HOME": workspace, "LANG": "C.UTF-8", "TERM": "dumb"}
-    env.update(spec.env)
-    return env
+
+def base_environment(home: str) -> dict[str, str]:
+    """The whole environment of journal helpers, and the base of every agent's."""
+    return {"PATH": BASE_PATH, "HOME": home, "LANG": "C.UTF-8", "TERM": "dumb"}

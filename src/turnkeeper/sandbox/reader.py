@@ -5,7 +5,10 @@ Two strategies, chosen from the sandbox's capabilities: ``follow`` (a killable
 ``poll`` (bounded ``exec`` reads every interval). Either way the reader:
 
 - starts at any byte offset and yields ``(line, end_position)`` for complete lines;
-- stops at this run's nonce-checked sentinel and records its exit code;
+- stops at this agent process's nonce-checked sentinel and records its exit code, but
+  only when it is the journal's final line: the writer appends it last, so a sentinel
+  followed by anything is a forgery (the nonce leaked), and the read fails with
+  ``invalid-sentinel`` rather than hand the line, and the nonce in it, to clients;
 - fails with ``journal-stalled`` when no byte at all arrives within the first-byte bound;
 - fails with ``agent-vanished`` when the writer's lock is free twice in a row while the
   journal holds no sentinel: the agent died without one (killed, OOM), and tailing on
@@ -42,11 +45,12 @@ from turnkeeper.sandbox.journal import (
     LIVENESS_FREE,
     POLL_READ_BYTES,
     JournalPaths,
-    find_exit,
+    final_exit,
     follow_argv,
     liveness_argv,
     parse_sentinel,
     read_argv,
+    size_argv,
     tail_argv,
 )
 from turnkeeper.sandbox.lines import LineSplitter, split_lines
@@ -64,6 +68,7 @@ _READ_SIZE = 1 << 20
 _SPLIT_BYTES = 1 << 16
 _MAX_FOLLOW_RESTARTS = 3
 _SENTINEL_SLACK = 256  # the writer's newline and sentinel may follow a full journal
+_WRITER_EXIT_WAIT = 30.0  # the writer exits right after its sentinel; a hang guard
 
 
 def strategy_for(capabilities: Capabilities) -> Strategy:
@@ -183,6 +188,9 @@ class JournalReader:
                         if stop.stopped:
                             return
                     if sentinel_found:
+                        if splitter.pending:
+                            raise self._forged(splitter.fed_until)
+                        self._confirm_final()
                         return
                     if failure is not None:
                         raise failure
@@ -249,6 +257,8 @@ class JournalReader:
             for index, (line, end) in enumerate(lines[: cut + 1]):
                 try:
                     if self._is_sentinel(line, end):
+                        if index < len(lines) - 1:
+                            return lines[:index], False, self._forged(lines[-1][1])
                         return lines[:index], True, None
                 except InvalidSentinelError as exc:
                     return lines[:index], False, exc
@@ -271,6 +281,33 @@ class JournalReader:
         self.exit_code, self.end_position = code, end
         log.debug("journal.sentinel", run_id=self.paths.run_id, exit_code=code, position=end)
         return True
+
+    def _forged(self, position: int) -> InvalidSentinelError:
+        self.exit_code = self.end_position = None
+        return InvalidSentinelError(
+            "the journal goes on after its exit sentinel",
+            run_id=self.paths.run_id,
+            reason="invalid-sentinel",
+            position=position,
+        )
+
+    def _confirm_final(self) -> None:
+        """The sentinel must end the journal: once its writer is gone (it exits right
+        after appending it), nothing may follow. A probe that cannot answer (the
+        sandbox went away meanwhile) keeps the sentinel, which was the last byte read."""
+        end = self.end_position
+        deadline = time.monotonic() + _WRITER_EXIT_WAIT
+        try:
+            while self._liveness() == LIVENESS_ALIVE and time.monotonic() < deadline:
+                if self.stop.wait(0.01):
+                    return
+            size = self.sandbox.exec(size_argv(self.paths), timeout=30)
+        except SandboxError as exc:
+            log.warning("journal.final_unconfirmed", run_id=self.paths.run_id, error=str(exc))
+            return
+        text = size.stdout.strip()
+        if size.exit_code == 0 and text.isdigit() and int(text) != end:
+            raise self._forged(int(text))
 
     def _check_size(self, end: int) -> None:
         if self.max_bytes is not None and end > self.max_bytes + 1:
@@ -307,7 +344,7 @@ class JournalReader:
         except SandboxError as exc:
             log.warning("journal.liveness_unknown", run_id=self.paths.run_id, error=str(exc))
             return False
-        return find_exit(tail.stdout, self.nonce) is None
+        return final_exit(tail.stdout, self.nonce) is None
 
     def _follow(self, splitter: LineSplitter) -> Iterator[bytes]:
         """Chunks from ``tail -F``; an empty chunk is an idle tick for the checks above."""

@@ -1,15 +1,16 @@
-"""Starting an agent journaled, finding a run's journals, and opening a reader on one.
+"""Starting an agent journaled, finding a run's journals, and its stderr afterwards.
 
 ``spawn_journaled`` creates the agent process's journal exclusively (a second start
 under the same number fails instead of appending behind an old sentinel), hands the
-writer its nonce through a file it deletes before the agent starts (never argv or
-environment, which the agent could read), then starts the writer detached and
+writer its nonce, the agent's environment and its prompt through files (never an
+argv or an environment the agent could read; the nonce and environment files are
+deleted by the writer before the agent starts), then starts the writer detached and
 returns without waiting for it or reading its output.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,23 +18,21 @@ import structlog
 
 from turnkeeper.errors import JournalError, JournalExistsError, SandboxError
 from turnkeeper.sandbox.codec import encode_run_id, parse_journal_name
+from turnkeeper.sandbox.command import AgentCommand, check_prompt, env_file
 from turnkeeper.sandbox.journal import (
     JOURNAL_EXISTS_EXIT,
-    AgentLimits,
+    STDERR_TAIL_BYTES,
     JournalPaths,
+    check_nonce,
     list_argv,
+    new_nonce,
     prepare_argv,
-    sentinel_nonce,
+    tail_argv,
     writer_argv,
 )
 from turnkeeper.sandbox.provider import Sandbox, SandboxRef
 
 log = structlog.get_logger(__name__)
-
-
-def nonce_for(ref: SandboxRef, run_id: str, secret: str | None) -> str:
-    """The sentinel nonce of a run's journals in the sandbox ``ref``."""
-    return sentinel_nonce(run_id, secret=secret, sandbox_id=ref.id)
 
 
 def journal_key(ref: SandboxRef, paths: JournalPaths) -> str:
@@ -43,10 +42,18 @@ def journal_key(ref: SandboxRef, paths: JournalPaths) -> str:
 
 @dataclass(frozen=True, slots=True)
 class JournalHandle:
-    """Where a journaled agent process writes; JSON-serializable for the run store."""
+    """One agent process: where it writes and the nonce of its sentinel.
+
+    JSON-serializable for the run's placement record, which is where a successor
+    finds the nonce; it is never shown to clients.
+    """
 
     ref: SandboxRef
     paths: JournalPaths
+    nonce: str
+
+    def __post_init__(self) -> None:
+        check_nonce(self.nonce)
 
     @property
     def journal_key(self) -> str:
@@ -57,12 +64,21 @@ class JournalHandle:
             "ref": self.ref.to_dict(),
             "run_id": self.paths.run_id,
             "process": self.paths.process,
+            "nonce": self.nonce,
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> JournalHandle:
+    def from_dict(cls, data: Mapping[str, Any]) -> JournalHandle:
+        nonce = data.get("nonce")
+        if not isinstance(nonce, str):
+            raise JournalError(
+                "the journal record has no sentinel nonce (recorded by an older version)",
+                run_id=str(data.get("run_id")),
+                reason="no-nonce",
+            )
         ref = SandboxRef.from_dict(data["ref"])
-        return cls(ref, JournalPaths(ref.journal_dir, str(data["run_id"]), int(data["process"])))
+        paths = JournalPaths(ref.journal_dir, str(data["run_id"]), int(data["process"]))
+        return cls(ref, paths, nonce)
 
 
 def list_journals(sandbox: Sandbox, run_id: str) -> list[JournalPaths]:
@@ -91,24 +107,30 @@ def latest_journal(sandbox: Sandbox, run_id: str) -> JournalPaths | None:
 def spawn_journaled(
     sandbox: Sandbox,
     run_id: str,
-    command: str | Sequence[str],
+    command: AgentCommand | str,
     *,
-    secret: str | None = None,
-    stdin: bytes = b"",
+    prompt: bytes = b"",
     process: int | None = None,
+    nonce: str | None = None,
 ) -> JournalHandle:
     """Start ``command`` detached with its output journaled; returns without waiting.
 
-    ``process`` defaults to one past the run's latest journal. Limits come from the
-    sandbox spec (journal size, CPU seconds, memory).
+    ``process`` defaults to one past the run's latest journal, ``nonce`` to a fresh one
+    (a caller that records the handle before the start passes the recorded one).
     """
     ref = sandbox.ref
+    check_prompt(command, prompt)
+    env = command.env if isinstance(command, AgentCommand) else {}
     if process is None:
         latest = latest_journal(sandbox, run_id)
         process = 1 if latest is None else latest.process + 1
-    paths = JournalPaths(ref.journal_dir, run_id, process)
-    nonce = nonce_for(ref, run_id, secret)
-    prepared = sandbox.exec(prepare_argv(paths), stdin=nonce.encode() + b"\n" + stdin, timeout=60)
+    handle = JournalHandle(
+        ref, JournalPaths(ref.journal_dir, run_id, process), check_nonce(nonce or new_nonce())
+    )
+    paths = handle.paths
+    environment = env_file(env)
+    framed = b"%s\n%d\n%s%s" % (handle.nonce.encode(), len(environment), environment, prompt)
+    prepared = sandbox.exec(prepare_argv(paths), stdin=framed, timeout=60)
     if prepared.exit_code == JOURNAL_EXISTS_EXIT:
         raise JournalExistsError(run_id=run_id, reason="journal-exists", journal=paths.journal)
     if prepared.exit_code != 0:
@@ -117,12 +139,21 @@ def spawn_journaled(
             run_id=run_id,
             reason="prepare-failed",
         )
-    limits = AgentLimits(
+    launch = sandbox.launch(paths, command)
+    writer = writer_argv(
+        paths,
+        launch.code,
         journal_max_bytes=ref.spec.journal_max_bytes,
-        cpu_seconds=ref.spec.cpu_seconds,
-        memory_bytes=ref.spec.memory_bytes,
+        after_exit=launch.after_exit,
     )
-    sandbox.start_detached(writer_argv(paths, command, limits))
-    handle = JournalHandle(ref, paths)
+    sandbox.start_detached(writer)
     log.info("journal.spawned", run_id=run_id, journal_key=handle.journal_key)
     return handle
+
+
+def stderr_tail(sandbox: Sandbox, paths: JournalPaths, max_bytes: int = STDERR_TAIL_BYTES) -> bytes:
+    """The last bytes of the agent's stderr; empty when unreadable (never fails a run)."""
+    try:
+        return sandbox.exec(tail_argv(paths.stderr, max_bytes), timeout=30).stdout
+    except SandboxError:
+        return b""

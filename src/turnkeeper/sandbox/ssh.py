@@ -24,12 +24,14 @@ from typing import IO
 import structlog
 
 from turnkeeper.errors import SandboxError
+from turnkeeper.sandbox.command import AgentCommand, AgentLaunch, agent_script
+from turnkeeper.sandbox.journal import JournalPaths
 from turnkeeper.sandbox.provider import (
     Capabilities,
     ExecResult,
     SandboxRef,
     SandboxSpec,
-    agent_environment,
+    base_environment,
 )
 
 log = structlog.get_logger(__name__)
@@ -201,7 +203,7 @@ class SshSandbox:
     def __init__(self, ref: SandboxRef, connection: SshConnection) -> None:
         self._ref = ref
         self._connection = connection
-        self._env = agent_environment(ref.workspace, ref.spec)
+        self._env = base_environment(ref.workspace)
 
     @property
     def ref(self) -> SandboxRef:
@@ -216,6 +218,14 @@ class SshSandbox:
             network_isolation=False,
             resource_limits=True,
         )
+
+    def launch(self, paths: JournalPaths, command: AgentCommand | str) -> AgentLaunch:
+        """The agent as a plain process of the remote host (no jail there yet)."""
+        script = agent_script(command, paths.prompt_file)
+        return AgentLaunch(f"( exec /bin/sh -c {shlex.quote(script)} sh )")
+
+    def limit_events(self) -> dict[str, int]:
+        return {}
 
     def exec(
         self, argv: Sequence[str], *, timeout: float | None = 60.0, stdin: bytes | None = None
@@ -299,6 +309,9 @@ class SshProvider:
             f"test -d {root}/workspace && test -d {root}/journal", timeout=60
         )
         return SshSandbox(ref, self.connection) if result.exit_code == 0 else None
+
+    def sweep(self) -> int:
+        return 0
 
     def destroy(self, ref: SandboxRef) -> None:
         root = self._check(ref)

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 import structlog
 
 from turnkeeper.config import Settings
+from turnkeeper.errors import SandboxError
 from turnkeeper.log import RunLog
-from turnkeeper.sandbox.factory import provider_for
+from turnkeeper.sandbox.factory import at_least_as_strong, provider_for
 from turnkeeper.sandbox.provider import SandboxProvider
 from turnkeeper.store.store import Store
 
@@ -45,16 +46,24 @@ class WorkerRuntime:
         log.info("worker.runtime.opened", owner=owner)
         return cls(settings=settings, store=store, log=run_log, owner=owner)
 
+    def provider_to_run(self, name: str | None) -> SandboxProvider:
+        """The configured provider, or the one a run names if it is at least as strong:
+        a run can never leave the jail the operator configured."""
+        configured = self.settings.sandbox_provider
+        if name is not None and not at_least_as_strong(name, configured):
+            raise SandboxError(
+                f"the run asks for the {name!r} sandbox, weaker than this worker's {configured!r}",
+                reason="provider-refused",
+            )
+        return self.provider(name)
+
     def provider(self, name: str | None = None) -> SandboxProvider:
+        """A provider by name (the configured one by default), to resume or destroy."""
         key = name or self.settings.sandbox_provider
         with self._lock:
             if key not in self._providers:
                 self._providers[key] = provider_for(key, self.settings)
             return self._providers[key]
-
-    @property
-    def secret(self) -> str | None:
-        return None if self.settings.secret is None else self.settings.secret.get_secret_value()
 
     def close(self) -> None:
         self.store.close()

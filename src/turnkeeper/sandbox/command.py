@@ -1,0 +1,100 @@
+"""What runs as the agent: its argv, its environment, and how its prompt reaches it.
+
+The prompt and the environment's values are never on an argv that anything but the
+agent itself holds: the writer stores them in files of the journal directory, and the
+agent's own shell, already inside its sandbox, reads them. An argv element that is
+exactly ``{prompt}`` becomes the prompt (read from its file, byte-exact, trailing
+newlines included), one that is exactly ``{prompt_file}`` the path of that file; with
+``stdin_prompt`` the prompt is also the agent's standard input, which is otherwise
+empty. A command given as a string is shell code (tests, trusted operators) that gets
+the prompt on standard input.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from turnkeeper.errors import SandboxError
+
+PROMPT = "{prompt}"
+PROMPT_FILE = "{prompt_file}"
+ENV_FD = 6
+"""The writer opens the agent's environment file on this descriptor."""
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_ARGUMENT_BYTES = 128 * 1024 - 1
+"""Linux refuses a single argument longer than this (MAX_ARG_STRLEN, NUL included)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentCommand:
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    stdin_prompt: bool = False
+    read_only: tuple[str, ...] = ()
+    """Host paths the agent needs read-only (a preset's interpreter); never a request's."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentLaunch:
+    """Shell code for the writer: ``code`` runs the agent, ``after_exit`` runs once it exited."""
+
+    code: str
+    after_exit: str = ""
+
+
+def env_file(env: Mapping[str, str]) -> bytes:
+    """The agent's environment as shell assignments its own shell sources (``set -a``)."""
+    lines = []
+    for name, value in env.items():
+        if ENV_NAME.fullmatch(name) is None or "\x00" in value:
+            raise SandboxError(f"invalid environment variable {name!r}", reason="bad-env")
+        lines.append(f"{name}={shlex.quote(value)}\n")
+    return "".join(lines).encode()
+
+
+def check_prompt(command: AgentCommand | str, prompt: bytes) -> None:
+    """Refuse, before anything starts, a prompt the kernel could not pass as an argument."""
+    if isinstance(command, AgentCommand) and PROMPT in command.argv:
+        if len(prompt) > MAX_ARGUMENT_BYTES:
+            raise SandboxError(
+                f"a prompt of {len(prompt)} bytes cannot be one argument (at most "
+                f"{MAX_ARGUMENT_BYTES}): give the agent {PROMPT_FILE} or its standard input",
+                reason="prompt-too-long",
+            )
+        if b"\x00" in prompt:
+            raise SandboxError("a prompt argument cannot hold NUL", reason="bad-prompt")
+
+
+def agent_script(
+    command: AgentCommand | str, prompt_path: str, rlimits: tuple[int, int] | None = None
+) -> str:
+    """The shell code, run inside the sandbox, that becomes the agent.
+
+    It reads the prompt first (while PATH is still the base one), then loads the
+    agent's environment from ``ENV_FD`` and closes it, then execs the agent.
+    ``rlimits`` (memory bytes, processes) caps it where no cgroup can: ``RLIMIT_DATA``
+    and ``RLIMIT_NPROC``, never ``RLIMIT_AS``, which breaks Node (V8 reserves far
+    more address space than it uses).
+    """
+    prompt = shlex.quote(prompt_path)
+    lines = []
+    if rlimits is not None:
+        memory, processes = rlimits
+        lines.append(f"prlimit --pid $$ --data={memory} --nproc={processes} || exit 125")
+    if isinstance(command, AgentCommand) and PROMPT in command.argv:
+        lines.append(f"p=$(cat {prompt} && printf x) || exit 125; p=${{p%x}}")
+    # Read through the descriptor: a root worker's file cannot be reopened by the agent.
+    lines.append(f'set -a; eval "$(cat <&{ENV_FD})" || exit 125; set +a; exec {ENV_FD}<&-')
+    if isinstance(command, str):
+        lines.append(f"exec <{prompt}\n{command}")
+        return "\n".join(lines)
+    words = [
+        '"$p"' if arg == PROMPT else prompt if arg == PROMPT_FILE else shlex.quote(arg)
+        for arg in command.argv
+    ]
+    stdin = prompt if command.stdin_prompt else "/dev/null"
+    lines.append(f"exec {' '.join(words)} <{stdin}")
+    return "\n".join(lines)

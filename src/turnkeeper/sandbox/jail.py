@@ -1,0 +1,168 @@
+"""The bubblewrap jail of an agent: its argv, built by a pure function from a few paths.
+
+What the agent sees: the system directories read-only (``/usr``, ``/bin``, ``/lib*``,
+``/sbin``, ``/opt``; ``/usr/local`` is inside ``/usr``), the ``/etc`` entries that TLS,
+DNS and user lookups need, the operator's extra read-only binds and the preset's own
+(its interpreter, say), a synthesized ``passwd``/``group`` naming the agent's uid, its
+workspace read-write at ``/workspace`` (its HOME and working directory), a private
+``/tmp``, a ``/proc`` of its own pid namespace and a minimal ``/dev``. Nothing else of
+the host: not the data directory, the journals, other sandboxes, ``/run``, ``/root``
+or ``/home``. Every namespace is new, network included: the only way out is the
+egress proxy's socket, bound in, when there is one.
+
+Run by root, bwrap builds the jail with root's rights (so it can bind any source) and
+creates no user namespace; the agent then becomes the sandbox's own unprivileged uid
+through ``setpriv`` before anything of it runs, with no capability left and
+``no_new_privs`` set. Run by another user, bwrap makes a user namespace, drops every
+capability and forbids nested user namespaces; the agent keeps that user's uid.
+
+``jail_argv`` touches nothing (bind sources that may be missing use ``-try``), so the
+ssh provider can build the same argv for its remote host.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+WORKSPACE = "/workspace"
+PROMPT_PATH = "/run/turnkeeper/prompt"
+"""Where the prompt is, inside the jail; only the agent's processes can read it."""
+PROMPT_FD = 8
+"""The writer hands bwrap the prompt file on this descriptor; bwrap copies it in."""
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
+ETC_ENTRIES = (
+    "ssl", "pki", "ca-certificates", "ca-certificates.conf", "crypto-policies",
+    "resolv.conf", "hosts", "host.conf", "nsswitch.conf", "gai.conf", "services",
+    "protocols", "localtime", "timezone", "alternatives", "ld.so.cache", "ld.so.conf",
+    "ld.so.conf.d", "mime.types", "os-release",
+)  # fmt: skip
+HOSTNAME = "sandbox"
+
+
+@dataclass(frozen=True, slots=True)
+class Egress:
+    """How the jail reaches the egress proxy: its socket bound in, a forwarder started
+    inside before the agent, and the variables that point clients at the forwarder."""
+
+    host_socket: str
+    jail_socket: str
+    forwarder: tuple[str, ...]
+    port: int
+    environment: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Jail:
+    """Where an agent's jail comes from on its host."""
+
+    workspace: str
+    passwd_file: str
+    group_file: str
+    uid: int | None = None
+    """The uid the agent becomes (a root worker); None keeps the caller's, in a user namespace."""
+    read_only: tuple[str, ...] = ()
+    egress: Egress | None = None
+
+
+def jail_argv(jail: Jail, environment: Mapping[str, str], script: str) -> list[str]:
+    """bwrap's argv running ``/bin/sh -c script`` as the agent.
+
+    ``environment`` is the agent's base environment (no secrets: it is on this argv);
+    the script loads the rest itself. The writer opens the prompt on ``PROMPT_FD``.
+    """
+    argv = ["bwrap"]
+    if jail.uid is None:
+        argv += ["--unshare-all", "--unshare-user", "--disable-userns"]
+    else:  # root needs no user namespace, and one would leave the agent unable to switch uid
+        argv += [
+            "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try",
+        ]  # fmt: skip
+    argv += ["--die-with-parent", "--new-session", "--hostname", HOSTNAME]
+    for path in SYSTEM_DIRS:
+        argv += ["--ro-bind-try", path, path]
+    # Directories bwrap makes on its own are 0700 root's: the agent could not enter them.
+    argv += _directories(["/etc", "/run", "/run/turnkeeper"])
+    for name in ETC_ENTRIES:
+        argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    argv += ["--ro-bind", jail.passwd_file, "/etc/passwd"]
+    argv += ["--ro-bind", jail.group_file, "/etc/group"]
+    made = {"/", "/etc", "/run", "/run/turnkeeper"}
+    for path in jail.read_only:
+        if _under(path, SYSTEM_DIRS):
+            continue  # already visible
+        parents = [str(p) for p in reversed(PurePosixPath(path).parents) if str(p) not in made]
+        argv += _directories(parents)
+        made.update(parents)
+        argv += ["--ro-bind", path, path]
+    argv += [
+        "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",  # noqa: S108 - the jail's own
+        "--bind", jail.workspace, WORKSPACE,
+        "--perms", "0444", "--ro-bind-data", str(PROMPT_FD), PROMPT_PATH,
+    ]  # fmt: skip
+    env = dict(environment)
+    # The agent's uid enters its workspace (bwrap, holding no DAC capability, could not).
+    script = f"cd {WORKSPACE} && unset OLDPWD || exit 125\n{script}"
+    if jail.egress is not None:
+        argv += ["--bind", jail.egress.host_socket, jail.egress.jail_socket]
+        env.update(jail.egress.environment)
+        script = f"{_forwarder_script(jail.egress)}\n{script}"
+    argv.append("--clearenv")
+    for key, value in env.items():
+        argv += ["--setenv", key, value]
+    if jail.uid is None:
+        argv += ["--cap-drop", "ALL", "--"]
+    else:
+        # Only what setpriv needs to become the agent's uid, which clears them all.
+        argv += [
+            "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+            "--cap-add", "CAP_SETPCAP", "--",
+            "setpriv", f"--reuid={jail.uid}", f"--regid={jail.uid}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
+        ]  # fmt: skip
+    return [*argv, "/bin/sh", "-c", script, "sh"]
+
+
+def _directories(paths: Sequence[str]) -> list[str]:
+    argv = []
+    for path in paths:
+        argv += ["--perms", "0755", "--dir", path]
+    return argv
+
+
+def _under(path: str, roots: Sequence[str]) -> bool:
+    return any(path == root or path.startswith(root + "/") for root in roots)
+
+
+def _forwarder_script(egress: Egress) -> str:
+    """Start the forwarder in the background and wait until it listens, so the agent's
+    first request never races it (``/proc/net/tcp`` lists listeners; 0A is LISTEN)."""
+    port = f"{egress.port:04X}"
+    return (
+        f"{shlex.join(egress.forwarder)} </dev/null >/dev/null 2>&1 &\n"
+        f"for _ in $(seq 200); do grep -q ':{port} 00000000:0000 0A' /proc/net/tcp "
+        "&& break; sleep 0.01; done"
+    )
+
+
+def identity_files(uid: int) -> tuple[str, str]:
+    """``/etc/passwd`` and ``/etc/group`` for the jail: root, the agent, nobody.
+
+    Programs look their own uid up (Node's ``os.userInfo``, Python's ``getpass``); the
+    host's lists would fail for a sandbox uid and would show the host's accounts.
+    """
+    passwd = (
+        "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+        f"agent:x:{uid}:{uid}:agent:{WORKSPACE}:/bin/sh\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    )
+    group = f"root:x:0:\nagent:x:{uid}:\nnogroup:x:65534:\n"
+    return passwd, group
+
+
+def read_only_binds(paths: Sequence[str]) -> tuple[str, ...]:
+    """The extra binds in a stable order without duplicates (what a preset adds repeats)."""
+    return tuple(dict.fromkeys(paths))
