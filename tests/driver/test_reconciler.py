@@ -140,6 +140,9 @@ def test_cancel_of_a_queued_run_ends_its_log(fleet: Fleet) -> None:
 
 def test_a_live_run_past_its_deadline_is_stopped(fleet: Fleet) -> None:
     fleet.start_worker()
+    # A worker that is still starting when the deadline passes never claims the run.
+    warm_up = fleet.client.submit(AGENT, PROMPT)
+    fleet.wait_settled(warm_up.run_id)
     slow = {**AGENT, "turns": 8, "pace": 0.2}
     run = fleet.client.submit(slow, PROMPT, timeout=2.0)
     done = fleet.wait_settled(run.run_id)

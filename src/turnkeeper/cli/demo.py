@@ -31,7 +31,7 @@ from uuid6 import uuid7
 
 from turnkeeper.chunks import Chunk
 from turnkeeper.cli.context import console, services, settings_from_env
-from turnkeeper.cli.fleet import stop_fleet, wait_for_signal
+from turnkeeper.cli.fleet import sandbox_fallback, stop_fleet, wait_for_signal
 from turnkeeper.cli.render import ConversationRenderer
 from turnkeeper.client import Client
 from turnkeeper.config import Settings
@@ -74,6 +74,7 @@ def _start_fleet(settings: Settings, logs: Path) -> list[subprocess.Popen[bytes]
         TURNKEEPER_DATA_DIR=str(settings.data_dir.resolve()),
         TURNKEEPER_NAMESPACE=settings.namespace,
         **{f"TURNKEEPER_{name}": value for name, value in DEMO_TIMING.items()},
+        **sandbox_fallback(settings),
     )
     logs.mkdir(parents=True, exist_ok=True)
     quiet = ["--without-mingle", "--without-gossip", "--without-heartbeat"]

@@ -14,8 +14,10 @@ from typing import Annotated
 import typer
 
 from turnkeeper import reconciler
-from turnkeeper.cli.context import console, services, settings_from_env
-from turnkeeper.config import Settings
+from turnkeeper.cli.context import console, fail, services, settings_from_env
+from turnkeeper.config import ENV_PREFIX, Settings
+from turnkeeper.errors import TurnkeeperError
+from turnkeeper.sandbox.readiness import check_provider
 from turnkeeper.tasks import control_queue, create_app, enqueuers, turns_queue
 from turnkeeper.workers.runtime import WorkerRuntime
 
@@ -37,6 +39,10 @@ def worker(ctx: typer.Context) -> None:
     """Run a Celery worker for turns; Celery's own options pass through (e.g. -c 4)."""
     settings = settings_from_env(quiet=False)
     with services(settings, start=False) as resolved:
+        try:
+            check_provider(resolved)
+        except TurnkeeperError as exc:
+            raise fail(exc.message) from None
         app = create_app(resolved)
         defaults = [
             "-Q", turns_queue(resolved),
@@ -108,6 +114,24 @@ def prune(once: Once = False) -> None:
     _sweep("prune", once, lambda s: s.prune_interval, lambda rt, _: reconciler.prune(rt))
 
 
+def sandbox_fallback(settings: Settings) -> dict[str, str]:
+    """For ``dev`` and ``demo``: the local provider, said out loud, when the configured
+    jail cannot start here and nobody chose a provider explicitly; nothing otherwise."""
+    if f"{ENV_PREFIX}SANDBOX_PROVIDER" in os.environ or settings.sandbox_provider == "local":
+        return {}
+    try:
+        check_provider(settings)
+    except TurnkeeperError as exc:
+        console.print(
+            f"[yellow]sandbox: {exc.message}[/yellow]\n[yellow]sandbox: falling back to the "
+            "local provider, which is no security boundary (fine for a demo on your own "
+            "machine, never for other people's agents)[/yellow]",
+            highlight=False,
+        )
+        return {f"{ENV_PREFIX}SANDBOX_PROVIDER": "local"}
+    return {}
+
+
 def start_fleet(settings: Settings, *, workers: int = 1) -> list[subprocess.Popen[bytes]]:
     """Worker and beat processes for ``dev`` and ``demo``, on the given servers."""
     env = dict(os.environ)  # the children read the same TURNKEEPER_* settings...
@@ -115,6 +139,7 @@ def start_fleet(settings: Settings, *, workers: int = 1) -> list[subprocess.Pope
         TURNKEEPER_DATABASE_URL=settings.require_database_url(),
         TURNKEEPER_REDIS_URL=settings.require_redis_url(),
         TURNKEEPER_DATA_DIR=str(settings.data_dir.resolve()),
+        **sandbox_fallback(settings),
     )
     command = [sys.executable, "-m", "turnkeeper"]
 

@@ -1,0 +1,71 @@
+"""A worker starts only when its provider can really run an agent, and says why not."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import structlog
+
+from turnkeeper.config import Settings
+from turnkeeper.errors import ConfigError
+from turnkeeper.sandbox.readiness import NOT_ISOLATED, check_provider
+
+
+def test_bwrap_and_local_start_a_trivial_agent(settings: Settings) -> None:
+    check_provider(settings)  # bwrap, the default
+    with structlog.testing.capture_logs() as logs:
+        check_provider(settings.model_copy(update={"sandbox_provider": "local"}))
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    assert warnings == [
+        {"event": "sandbox.not_isolated", "provider": "local", "detail": NOT_ISOLATED,
+         "log_level": "warning"},
+    ]  # fmt: skip
+    assert list(settings.sandboxes_dir.iterdir()) == []  # the trial sandboxes are gone
+
+
+def test_a_jail_that_cannot_start_is_a_one_line_config_error(settings: Settings) -> None:
+    broken = settings.model_copy(update={"sandbox_ro_binds": "/nonexistent-tk-path"})
+    with pytest.raises(ConfigError) as caught:
+        check_provider(broken)
+    assert caught.value.reason == "jail-failed"
+    assert caught.value.message == (
+        "a trivial agent failed: bwrap: Can't find source path /nonexistent-tk-path: "
+        "No such file or directory"
+    )
+
+
+def _worker(env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TURNKEEPER_")}
+    return subprocess.run(
+        [sys.executable, "-m", "turnkeeper", "worker"],
+        env={**base, "TURNKEEPER_DATA_DIR": str(tmp_path / "data"), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_worker_refuses_to_start_with_one_line(settings: Settings, tmp_path: Path) -> None:
+    urls = {
+        "TURNKEEPER_DATABASE_URL": settings.require_database_url(),
+        "TURNKEEPER_REDIS_URL": settings.require_redis_url(),
+    }
+    done = _worker({**urls, "TURNKEEPER_SANDBOX_RO_BINDS": "/nonexistent-tk-path"}, tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == (
+        "error: a trivial agent failed: bwrap: Can't find source path /nonexistent-tk-path: "
+        "No such file or directory"
+    )
+    assert "Traceback" not in done.stderr
+    no_bwrap = {**urls, "PATH": "/nonexistent-bin"}  # bwrap is looked up on PATH
+    done = _worker(no_bwrap, tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == (
+        "error: bubblewrap is not installed: install it (Debian: apt-get install bubblewrap) "
+        "or set TURNKEEPER_SANDBOX_PROVIDER=local, which is no security boundary"
+    )
