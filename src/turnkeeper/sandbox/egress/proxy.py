@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ log = structlog.get_logger(__name__)
 HEALTH_PATH = b"/.turnkeeper/egress-health"
 BLOCKED_ADDRESS = "blocked-address"
 _CHUNK = 64 * 1024
-_REQUEST_LINE_BYTES = 8192
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
 _HOP_BY_HOP = frozenset(
     {
         b"connection",
@@ -182,20 +183,23 @@ class EgressProxy:
         finally:
             upstream_writer.close()
 
-    @staticmethod
     async def _read_head(
-        reader: asyncio.StreamReader, client: h11.Connection
+        self, reader: asyncio.StreamReader, client: h11.Connection
     ) -> h11.Request | None:
-        raw = bytearray()  # the start of the request, to explain what h11 refuses
+        """The request head; h11 bounds a head that arrives in pieces, this one in one read."""
+        limit = self.limits.max_head_bytes
+        start = bytearray()  # the head's first bytes: its size and what h11 refused
         while True:
             try:
                 event = client.next_event()
             except h11.RemoteProtocolError as exc:
-                raise _refusal_of(bytes(raw), exc) from exc
+                raise _refusal_of(bytes(start), exc) from exc
             if event is not h11.NEED_DATA:
+                if isinstance(event, h11.Request) and not _HEAD_END.search(start):
+                    raise EgressRefusedError(431, "head-too-large", "the request head is too large")
                 return event if isinstance(event, h11.Request) else None
             data = await reader.read(_CHUNK)
-            raw += data[: max(0, _REQUEST_LINE_BYTES - len(raw))]
+            start += data[: max(0, limit - len(start))]
             client.receive_data(data)
 
     @staticmethod
@@ -316,8 +320,8 @@ class _Exchange:
     async def forward(self, request: h11.Request, destination: Destination) -> None:
         upstream = h11.Connection(h11.CLIENT)
         headers = [
-            *forwarded_headers(request.headers),
             (b"host", destination.host_header.encode()),
+            *forwarded_headers(request.headers),
             (b"connection", b"close"),
         ]
         rebuilt = h11.Request(method=request.method, target=destination.path, headers=headers)

@@ -39,7 +39,7 @@ class Destination:
 
 def printable(host: str) -> str:
     """A requested host as it may appear in a log line or a reply: escaped and bounded."""
-    return host.encode("ascii", "backslashreplace").decode()[:_MAX_LOGGED_HOST]
+    return host.encode("unicode_escape").decode("ascii")[:_MAX_LOGGED_HOST]
 
 
 def blocked(reason: str, host: str, port: int | None = None) -> EgressRefusedError:
@@ -60,10 +60,12 @@ def has_control_characters(text: bytes | str) -> bool:
 
 
 def _host(raw: str, port: int) -> str:
-    if "@" in raw:
-        raise blocked("userinfo", raw, port)
-    if has_control_characters(raw) or not raw.isascii():
+    if "@" in raw:  # logged without the credentials before the "@"
+        raise blocked("userinfo", raw.rpartition("@")[2], port)
+    if has_control_characters(raw):
         raise blocked("control-characters", raw, port)
+    if not raw.isascii():
+        raise blocked("not-ascii", raw, port)
     return raw.lower().removesuffix(".")
 
 
