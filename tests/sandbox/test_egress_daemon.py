@@ -117,19 +117,20 @@ def test_the_daemon_outlives_its_starter_killed(
     paths = stopped_after(paths_for(settings_for(data_dir, allow)))
     gate = data_dir / "go"
     gate.touch()
-    starter = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", STARTER, str(gate), "linger"],
         env=starter_env(data_dir, allow),
         stdout=subprocess.PIPE,
         text=True,
-    )
-    assert starter.stdout is not None
-    assert starter.stdout.readline() == f"{paths.socket}\n"
-    pid = lock_holder(paths.pidfile)
-    assert pid is not None
-    starter.kill()
-    assert starter.wait(timeout=30) == -signal.SIGKILL
-    starter.stdout.close()
+    ) as starter:
+        try:
+            assert starter.stdout is not None
+            assert starter.stdout.readline() == f"{paths.socket}\n"
+            pid = lock_holder(paths.pidfile)
+            assert pid is not None
+        finally:
+            starter.kill()
+        assert starter.wait(timeout=30) == -signal.SIGKILL
     daemon = psutil.Process(pid)
     assert daemon.is_running()
     assert daemon.ppid() not in {starter.pid, os.getpid()}  # detached: not the worker's child
