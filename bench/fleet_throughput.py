@@ -36,8 +36,9 @@ WORKERS, CONCURRENCY = 2, 2
 
 def _settled(database_url: str) -> int:
     with psycopg.connect(plain_postgres_url(database_url)) as conn:
-        row = conn.execute("SELECT count(*) FROM runs WHERE status <> 'queued' AND "
-                           "status <> 'running'").fetchone()
+        row = conn.execute(
+            "SELECT count(*) FROM runs WHERE status <> 'queued' AND status <> 'running'"
+        ).fetchone()
     return int(row[0]) if row else 0
 
 
@@ -61,14 +62,38 @@ def ours(runs: int) -> float:
 
 def plain(runs: int, redis_url: str) -> float:
     prefix = f"plain-{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "PLAIN_BROKER_URL": redis_url, "PLAIN_REDIS_URL": redis_url,
-           "PLAIN_PREFIX": prefix, "PYTHONPATH": str(Path(__file__).parent)}
+    env = {
+        **os.environ,
+        "PLAIN_BROKER_URL": redis_url,
+        "PLAIN_REDIS_URL": redis_url,
+        "PLAIN_PREFIX": prefix,
+        "PYTHONPATH": str(Path(__file__).parent),
+    }
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "plain_tasks", "worker", "-c",
-             str(CONCURRENCY), "-Q", f"{prefix}.plain", "--without-mingle", "--without-gossip",
-             "--without-heartbeat", "--loglevel", "WARNING", "-n", f"plain{i}@%h"],
-            env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "plain_tasks",
+                "worker",
+                "-c",
+                str(CONCURRENCY),
+                "-Q",
+                f"{prefix}.plain",
+                "--without-mingle",
+                "--without-gossip",
+                "--without-heartbeat",
+                "--loglevel",
+                "WARNING",
+                "-n",
+                f"plain{i}@%h",
+            ],
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             cwd=Path(__file__).parent,
         )
         for i in range(WORKERS)

@@ -34,9 +34,12 @@ def main() -> None:
     args = parser.parse_args()
     configure_logging("WARNING")
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
-    with tempfile.TemporaryDirectory() as tmp, bench_fleet(
-        Path(tmp), lease_ttl=LEASE, heartbeat_interval=HEARTBEAT, reconcile_interval=RECONCILE
-    ) as fleet:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        bench_fleet(
+            Path(tmp), lease_ttl=LEASE, heartbeat_interval=HEARTBEAT, reconcile_interval=RECONCILE
+        ) as fleet,
+    ):
         workers = [fleet.worker(), fleet.worker()]
         fleet.beat()
         client = Client.from_settings(fleet.settings)

@@ -36,9 +36,7 @@ app.command()(demo.demo)
 def _print_checks(results: list[checkup.CheckResult]) -> bool:
     for result in results:
         mark = "[green]ok  [/green]" if result.ok else "[red]FAIL[/red]"
-        console.print(
-            f"{mark} {result.name:<9} {result.target}  {result.detail}", highlight=False
-        )
+        console.print(f"{mark} {result.name:<9} {result.target}  {result.detail}", highlight=False)
     return all(result.ok for result in results)
 
 

@@ -63,9 +63,7 @@ def _read_postmaster(pgdata: Path) -> PostmasterState | None:
         return None
     if len(lines) < 8 or not lines[0].strip().isdigit() or not lines[3].strip().isdigit():
         return None
-    return PostmasterState(
-        pid=int(lines[0]), port=int(lines[3]), ready=lines[7].strip() == "ready"
-    )
+    return PostmasterState(pid=int(lines[0]), port=int(lines[3]), ready=lines[7].strip() == "ready")
 
 
 class EmbeddedPostgres:
@@ -185,8 +183,14 @@ class EmbeddedPostgres:
             pwd.getpwnam(SYSTEM_USER)
         except KeyError:
             self._run(
-                ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                 SYSTEM_USER],
+                [
+                    "useradd",
+                    "--system",
+                    "--no-create-home",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                    SYSTEM_USER,
+                ],
                 None,
                 what="useradd",
             )

@@ -119,9 +119,7 @@ class EmbeddedStack:
 
         self._state_file.write_text(json.dumps(ports))
         log.info("embedded.stack.ready", started=sorted(started), **ports)
-        return StackUrls(
-            self.postgres.url(pg_port), self.redis.url(redis_port), frozenset(started)
-        )
+        return StackUrls(self.postgres.url(pg_port), self.redis.url(redis_port), frozenset(started))
 
     def _choose_port(self, server: str, remembered: dict[str, int]) -> int:
         wanted = self._wanted_ports[server]

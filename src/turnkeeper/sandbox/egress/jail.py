@@ -66,6 +66,7 @@ def forwarder_argv(
     _check_port(port)
     return [
         "socat",
+        "-b65536",  # relay in 64 KiB blocks, not socat's default 8 KiB
         f"TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork,max-children={_FORWARDER_CHILDREN}",
         f"UNIX-CONNECT:{socket_path_inside_jail}",
     ]

@@ -68,10 +68,6 @@ class Limits:
     connect_timeout: float = 10.0
 
 
-class _Idle(Exception):  # noqa: N818 - an internal signal: the connection went quiet
-    pass
-
-
 def forwarded_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """Headers without the hop-by-hop ones (and those a ``Connection`` header names)."""
     pairs = list(headers)
@@ -137,7 +133,7 @@ class EgressProxy:
                 await self._serve(reader, writer)
             finally:
                 self._active -= 1
-        except (OSError, TimeoutError, _Idle, h11.ProtocolError) as exc:
+        except (OSError, TimeoutError, h11.ProtocolError) as exc:
             log.debug("egress.aborted", error=repr(exc))
         finally:
             writer.close()
@@ -175,12 +171,14 @@ class EgressProxy:
             upstream_reader=upstream_reader,
             upstream_writer=upstream_writer,
         )
+        watchdog = asyncio.create_task(exchange.watch(destination))
         try:
             if method == "CONNECT":
                 await exchange.tunnel()
             else:
                 await exchange.forward(request, destination)
         finally:
+            watchdog.cancel()
             upstream_writer.close()
 
     async def _read_head(
@@ -278,19 +276,19 @@ class _Exchange:
         self.upstream_reader, self.upstream_writer = upstream_reader, upstream_writer
         self.last_activity = asyncio.get_running_loop().time()
 
-    async def _read(self, source: asyncio.StreamReader) -> bytes:
-        """The next chunk; raises ``_Idle`` once neither direction moved for the idle timeout."""
+    async def watch(self, destination: Destination) -> None:
+        """Cuts both connections once no byte moved either way for the idle timeout."""
         loop = asyncio.get_running_loop()
-        while True:
-            remaining = self.last_activity + self.idle_timeout - loop.time()
-            if remaining <= 0:
-                raise _Idle
-            try:
-                data = await asyncio.wait_for(source.read(_CHUNK), remaining)
-            except TimeoutError:
-                continue
-            self.last_activity = loop.time()
-            return data
+        while (remaining := self.last_activity + self.idle_timeout - loop.time()) > 0:
+            await asyncio.sleep(remaining)
+        log.info("egress.idle", host=destination.host, port=destination.port)
+        self.writer.transport.abort()
+        self.upstream_writer.transport.abort()
+
+    async def _read(self, source: asyncio.StreamReader) -> bytes:
+        data = await source.read(_CHUNK)
+        self.last_activity = asyncio.get_running_loop().time()
+        return data
 
     async def tunnel(self) -> None:
         while self.client.next_event() is not h11.PAUSED:  # the CONNECT's empty body
@@ -352,7 +350,7 @@ class _Exchange:
                 await self.upstream_writer.drain()
                 if isinstance(event, h11.EndOfMessage):
                     return
-        except (OSError, _Idle, h11.ProtocolError):
+        except (OSError, h11.ProtocolError):
             self.upstream_writer.transport.abort()
 
     async def _relay_response(self, upstream: h11.Connection) -> None:
