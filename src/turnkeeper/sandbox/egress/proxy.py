@@ -356,18 +356,24 @@ class _Exchange:
     async def _relay_response(self, upstream: h11.Connection) -> None:
         """Sends the upstream response to the client; a 502 if none arrives."""
         head_sent = False
+        pending = bytearray()  # what one read yields goes out in one write
         try:
             while True:
                 event = upstream.next_event()
                 if event is h11.NEED_DATA:
+                    if pending:
+                        self.writer.write(pending)
+                        pending = bytearray()
+                        await self.writer.drain()
                     upstream.receive_data(await self._read(self.upstream_reader))
                     continue
                 outgoing = self._relayed(event)
                 if outgoing is not None:
-                    self.writer.write(self.client.send(outgoing) or b"")
-                    await self.writer.drain()
+                    pending += self.client.send(outgoing) or b""
                 head_sent = head_sent or isinstance(event, h11.Response)
                 if isinstance(event, h11.EndOfMessage):
+                    self.writer.write(pending)
+                    await self.writer.drain()
                     return
         except (OSError, h11.ProtocolError) as exc:
             if head_sent:
