@@ -144,9 +144,16 @@ def lock_holder(pidfile: Path) -> int | None:
         try:
             fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
+            pass
+        else:
+            return None
+        for _ in range(200):  # a daemon writes its pid right after it takes the lock
+            file.seek(0)
             text = file.read().strip()
-            return int(text) if text.isdigit() else None
-        return None
+            if text.isdigit():
+                return int(text)
+            time.sleep(_POLL_INTERVAL / 5)
+    raise EgressProxyError(f"{pidfile} is locked but names no process", reason="egress-pidfile")
 
 
 def _own_directory(path: Path, mode: int, gid: int | None = None) -> None:

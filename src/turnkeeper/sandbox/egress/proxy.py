@@ -153,7 +153,7 @@ class EgressProxy:
             if request is None:
                 return
             method = request.method.decode("ascii")
-            if request.target == HEALTH_PATH and method in {"GET", "HEAD"}:
+            if request.target == HEALTH_PATH and method == "GET":
                 await _reply(writer, 200, None, "ok")
                 return
             destination = self._destination(request)
@@ -214,12 +214,9 @@ class EgressProxy:
         reason = exc.reason or MALFORMED
         if exc.status == 403:
             log.info("egress.blocked", reason=reason, method=method, **exc.fields)
-            header = BLOCKED if reason != BLOCKED_ADDRESS else reason
         elif exc.status != 502:  # a failed dial was logged where it failed
             log.info("egress.refused", status=exc.status, reason=reason, method=method)
-            header = reason
-        else:
-            header = reason
+        header = BLOCKED if exc.status == 403 and reason != BLOCKED_ADDRESS else reason
         await _reply(writer, exc.status, header, exc.message)
 
     async def _dial(
