@@ -16,8 +16,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from tests.sandbox.conftest import TEST_UIDS
 
+from tests.sandbox.conftest import TEST_UIDS
 from turnkeeper.errors import AgentVanishedError, JournalExistsError, JournalStalledError
 from turnkeeper.sandbox import (
     AgentCommand,
