@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,15 @@ import structlog
 
 from turnkeeper.config import Settings
 from turnkeeper.errors import ConfigError
+from turnkeeper.sandbox.egress import stop_proxies
 from turnkeeper.sandbox.readiness import NOT_ISOLATED, check_provider
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy_left(settings: Settings) -> Iterator[None]:
+    """The checks start this data dir's egress proxy, as a worker would: stop it after."""
+    yield
+    stop_proxies(settings.data_dir)
 
 
 def test_bwrap_and_local_start_a_trivial_agent(settings: Settings) -> None:

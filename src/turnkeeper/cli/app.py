@@ -87,5 +87,5 @@ def dev(
         try:
             fleet.wait_for_signal()
         finally:
-            fleet.stop_fleet(procs)
+            fleet.stop_fleet(procs, resolved.data_dir)
     console.print("stopped.")

@@ -262,6 +262,6 @@ def demo(
             takeover.done.set()
             client.close()
             server.stop()
-            stop_fleet(procs)
+            stop_fleet(procs, resolved.data_dir)
     if not ok:
         raise typer.Exit(1)

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -17,6 +18,7 @@ from turnkeeper import reconciler
 from turnkeeper.cli.context import console, fail, services, settings_from_env
 from turnkeeper.config import ENV_PREFIX, Settings
 from turnkeeper.errors import TurnkeeperError
+from turnkeeper.sandbox.egress import stop_proxies
 from turnkeeper.sandbox.readiness import check_provider
 from turnkeeper.tasks import control_queue, create_app, enqueuers, turns_queue
 from turnkeeper.workers.runtime import WorkerRuntime
@@ -152,7 +154,9 @@ def start_fleet(settings: Settings, *, workers: int = 1) -> list[subprocess.Pope
     return [*(start("worker", "-c", "2") for _ in range(workers)), start("beat")]
 
 
-def stop_fleet(procs: list[subprocess.Popen[bytes]]) -> None:
+def stop_fleet(procs: list[subprocess.Popen[bytes]], data_dir: Path) -> None:
+    """Stop what ``dev`` or ``demo`` started: its processes, then the egress proxies its
+    workers started under its data dir."""
     for proc in procs:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -163,6 +167,7 @@ def stop_fleet(procs: list[subprocess.Popen[bytes]]) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    stop_proxies(data_dir)
 
 
 def wait_for_signal() -> None:

@@ -62,10 +62,12 @@ class BwrapSandbox(ProcessSandbox):
         *,
         ro_binds: Sequence[str] = (),
         egress: Callable[[], Egress] | None = None,
+        jail_gid: int | None = None,
     ) -> None:
         super().__init__(ref, state, rlimits)
         self.ro_binds = tuple(ro_binds)
         self.egress = egress
+        self.jail_gid = jail_gid
 
     @property
     def helper_cwd(self) -> str:
@@ -78,6 +80,7 @@ class BwrapSandbox(ProcessSandbox):
             passwd_file=f"{self.ref.root}/{PASSWD_FILE}",
             group_file=f"{self.ref.root}/{GROUP_FILE}",
             uid=self.state.uid,
+            gid=self.jail_gid,
             read_only=read_only_binds([*self.ro_binds, *preset]),
             egress=self.egress() if self.egress is not None else None,
         )
@@ -126,14 +129,19 @@ class BwrapProvider(LocalProvider):
                 self.uids.release(uid, root)
             raise
 
+    @property
+    def jail_gid(self) -> int | None:
+        return None if self.uids is None else self.uids.group
+
     def _prepare_for(self, root: Path, sandbox_id: str, uid: int) -> None:
-        passwd, group = identity_files(uid)
+        gid = os.getgid() if self.uids is None else self.uids.group
+        passwd, group = identity_files(uid, gid)
         for name, text in ((PASSWD_FILE, passwd), (GROUP_FILE, group)):
             path = root / name
             path.write_text(text, encoding="utf-8")
             path.chmod(0o644)
         if self.uids is not None:
-            os.chown(root / "workspace", uid, uid)
+            os.chown(root / "workspace", uid, self.uids.group)
         cgroup = None
         if self.cgroups is not None and self.limits is not None:
             cgroup = self.cgroups.create(self.root, sandbox_id, self.limits)
@@ -149,6 +157,7 @@ class BwrapProvider(LocalProvider):
             self.limits,
             ro_binds=self.ro_binds,
             egress=self.egress,
+            jail_gid=self.jail_gid,
         )
 
     def _release(self, root: Path, state: SandboxState) -> None:

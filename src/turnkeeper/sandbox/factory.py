@@ -8,6 +8,7 @@ configured provider or a stronger one: a run's payload can never pick a weaker o
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import structlog
 
@@ -15,6 +16,13 @@ from turnkeeper.config import Settings
 from turnkeeper.errors import ConfigError, SandboxError
 from turnkeeper.sandbox.bwrap import BwrapProvider
 from turnkeeper.sandbox.cgroup import CgroupTree, Limits
+from turnkeeper.sandbox.egress import (
+    ensure_proxy,
+    jail_bind_args,
+    proxy_environment,
+    with_forwarder,
+)
+from turnkeeper.sandbox.jail import Egress
 from turnkeeper.sandbox.local import LocalProvider
 from turnkeeper.sandbox.provider import SandboxProvider
 from turnkeeper.sandbox.ssh import SshProvider, SshTarget
@@ -51,6 +59,24 @@ def cgroup_tree() -> CgroupTree | None:
         return None
 
 
+def egress_for(settings: Settings, jail_gid: int | None) -> Callable[[], Egress] | None:
+    """The proxy binding of each new agent process: the host's proxy for
+    ``TURNKEEPER_SANDBOX_EGRESS``, started (again) if it is not running. An empty
+    allowlist needs no proxy: the jail then has no way out at all."""
+    if not settings.sandbox_egress:
+        return None
+
+    def binding() -> Egress:
+        socket = ensure_proxy(settings, jail_gid=jail_gid)
+        return Egress(
+            bind=tuple(jail_bind_args(socket)),
+            launcher=tuple(with_forwarder([])),
+            environment=proxy_environment(),
+        )
+
+    return binding
+
+
 def provider_for(name: str, settings: Settings, *, ssh: SshTarget | None = None) -> SandboxProvider:
     """The provider called ``name``; local ones live under ``settings.sandboxes_dir``.
 
@@ -61,13 +87,15 @@ def provider_for(name: str, settings: Settings, *, ssh: SshTarget | None = None)
             settings.sandboxes_dir, limits=limits_of(settings), cgroups=cgroup_tree()
         )
     if name == "bwrap":
-        first, last = settings.sandbox_uid_range
+        uids = UidPool(*settings.sandbox_uid_range)
+        jail_gid = uids.group if os.geteuid() == 0 else None
         return BwrapProvider(
             settings.sandboxes_dir,
             limits=limits_of(settings),
             cgroups=cgroup_tree(),
             ro_binds=settings.ro_bind_paths,
-            uids=UidPool(first, last),
+            uids=uids,
+            egress=egress_for(settings, jail_gid),
         )
     if name == "ssh":
         if ssh is None and settings.ssh_host:

@@ -22,7 +22,6 @@ ssh provider can build the same argv for its remote host.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -44,13 +43,12 @@ HOSTNAME = "sandbox"
 
 @dataclass(frozen=True, slots=True)
 class Egress:
-    """How the jail reaches the egress proxy: its socket bound in, a forwarder started
-    inside before the agent, and the variables that point clients at the forwarder."""
+    """How the jail reaches the egress proxy (``turnkeeper.sandbox.egress``): bwrap
+    arguments that bind its socket in, the command prefix that starts the in-jail
+    forwarder and then runs the agent, and the variables that point clients at it."""
 
-    host_socket: str
-    jail_socket: str
-    forwarder: tuple[str, ...]
-    port: int
+    bind: tuple[str, ...]
+    launcher: tuple[str, ...]
     environment: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -63,6 +61,8 @@ class Jail:
     group_file: str
     uid: int | None = None
     """The uid the agent becomes (a root worker); None keeps the caller's, in a user namespace."""
+    gid: int | None = None
+    """Its group with ``uid``: the jails' shared group, which alone may reach the proxy."""
     read_only: tuple[str, ...] = ()
     egress: Egress | None = None
 
@@ -104,12 +104,11 @@ def jail_argv(jail: Jail, environment: Mapping[str, str], script: str) -> list[s
         "--perms", "0444", "--ro-bind-data", str(PROMPT_FD), PROMPT_PATH,
     ]  # fmt: skip
     env = dict(environment)
-    # The agent's uid enters its workspace (bwrap, holding no DAC capability, could not).
-    script = f"cd {WORKSPACE} && unset OLDPWD || exit 125\n{script}"
+    launcher: tuple[str, ...] = ()
     if jail.egress is not None:
-        argv += ["--bind", jail.egress.host_socket, jail.egress.jail_socket]
+        argv += jail.egress.bind
         env.update(jail.egress.environment)
-        script = f"{_forwarder_script(jail.egress)}\n{script}"
+        launcher = jail.egress.launcher
     argv.append("--clearenv")
     for key, value in env.items():
         argv += ["--setenv", key, value]
@@ -120,10 +119,12 @@ def jail_argv(jail: Jail, environment: Mapping[str, str], script: str) -> list[s
         argv += [
             "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
             "--cap-add", "CAP_SETPCAP", "--",
-            "setpriv", f"--reuid={jail.uid}", f"--regid={jail.uid}", "--clear-groups",
-            "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
+            "setpriv", f"--reuid={jail.uid}", f"--regid={jail.gid or jail.uid}",
+            "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
         ]  # fmt: skip
-    return [*argv, "/bin/sh", "-c", script, "sh"]
+    # The agent's uid enters its workspace (bwrap, holding no DAC capability, could not).
+    script = f"cd {WORKSPACE} && unset OLDPWD || exit 125\n{script}"
+    return [*argv, *launcher, "/bin/sh", "-c", script, "sh"]
 
 
 def _directories(paths: Sequence[str]) -> list[str]:
@@ -137,18 +138,7 @@ def _under(path: str, roots: Sequence[str]) -> bool:
     return any(path == root or path.startswith(root + "/") for root in roots)
 
 
-def _forwarder_script(egress: Egress) -> str:
-    """Start the forwarder in the background and wait until it listens, so the agent's
-    first request never races it (``/proc/net/tcp`` lists listeners; 0A is LISTEN)."""
-    port = f"{egress.port:04X}"
-    return (
-        f"{shlex.join(egress.forwarder)} </dev/null >/dev/null 2>&1 &\n"
-        f"for _ in $(seq 200); do grep -q ':{port} 00000000:0000 0A' /proc/net/tcp "
-        "&& break; sleep 0.01; done"
-    )
-
-
-def identity_files(uid: int) -> tuple[str, str]:
+def identity_files(uid: int, gid: int) -> tuple[str, str]:
     """``/etc/passwd`` and ``/etc/group`` for the jail: root, the agent, nobody.
 
     Programs look their own uid up (Node's ``os.userInfo``, Python's ``getpass``); the
@@ -156,10 +146,10 @@ def identity_files(uid: int) -> tuple[str, str]:
     """
     passwd = (
         "root:x:0:0:root:/root:/usr/sbin/nologin\n"
-        f"agent:x:{uid}:{uid}:agent:{WORKSPACE}:/bin/sh\n"
+        f"agent:x:{uid}:{gid}:agent:{WORKSPACE}:/bin/sh\n"
         "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
     )
-    group = f"root:x:0:\nagent:x:{uid}:\nnogroup:x:65534:\n"
+    group = f"root:x:0:\nagent:x:{gid}:\nnogroup:x:65534:\n"
     return passwd, group
 
 

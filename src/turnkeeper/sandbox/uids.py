@@ -3,7 +3,9 @@
 A root worker never runs an agent as root, nor as one shared account: each sandbox
 gets a uid of the range (``TURNKEEPER_SANDBOX_UIDS``), so agents of different runs can
 never signal, trace or read one another, nor share a per-user limit, even if a
-namespace boundary failed. Claims are files named by the uid, created exclusively in
+namespace boundary failed. The range's first id is not a uid but the jails' group:
+every agent runs with it, and only that group (and the fleet) may reach the egress
+proxy's socket. Claims are files named by the uid, created exclusively in
 a host-wide registry that holds the sandbox's root (so fleets with different sandbox
 roots on one host never hand out the same uid), and released when the sandbox is
 destroyed; a claim whose sandbox no longer exists is stale and the reaper frees it.
@@ -28,13 +30,17 @@ class UidPool:
     last: int
     registry: Path = REGISTRY
 
+    @property
+    def group(self) -> int:
+        return self.first
+
     def claim(self, owner: Path) -> int:
         """A free uid of the range, now owned by the sandbox at ``owner``."""
         self.registry.mkdir(mode=0o700, parents=True, exist_ok=True)
-        size = self.last - self.first + 1
+        size = self.last - self.first
         start = secrets.randbelow(size)  # random, so concurrent claimers rarely collide
         for step in range(size):
-            uid = self.first + (start + step) % size
+            uid = self.first + 1 + (start + step) % size
             try:
                 fd = os.open(self.registry / str(uid), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             except FileExistsError:

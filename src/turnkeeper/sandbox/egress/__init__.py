@@ -22,6 +22,7 @@ from turnkeeper.sandbox.egress.host import (
     ensure_proxy,
     lock_holder,
     proxy_paths,
+    stop_proxies,
 )
 from turnkeeper.sandbox.egress.jail import (
     FORWARDER_PORT,
@@ -46,5 +47,6 @@ __all__ = [
     "lock_holder",
     "proxy_environment",
     "proxy_paths",
+    "stop_proxies",
     "with_forwarder",
 ]

@@ -156,6 +156,23 @@ def lock_holder(pidfile: Path) -> int | None:
     raise EgressProxyError(f"{pidfile} is locked but names no process", reason="egress-pidfile")
 
 
+def stop_proxies(data_dir: Path) -> int:
+    """SIGTERM every proxy daemon of this data dir (``dev`` and ``demo`` own theirs, and
+    stop them with the stack); how many were running."""
+    stopped = 0
+    for pidfile in sorted((data_dir.resolve() / "egress").glob("*.pid")):
+        pid = lock_holder(pidfile)
+        if pid is None:
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+            stopped += 1
+        deadline = time.monotonic() + _START_TIMEOUT
+        while lock_holder(pidfile) is not None and time.monotonic() < deadline:
+            time.sleep(_POLL_INTERVAL)
+    return stopped
+
+
 def _own_directory(path: Path, mode: int, gid: int | None = None) -> None:
     """Creates ``path`` or checks it: a real directory of ours, with exactly ``mode``."""
     try:
