@@ -99,7 +99,8 @@ def jail_argv(jail: Jail, environment: Mapping[str, str], script: str) -> list[s
         made.update(parents)
         argv += ["--ro-bind", path, path]
     argv += [
-        "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",  # noqa: S108 - the jail's own
+        "--proc", "/proc", "--dev", "/dev",
+        "--perms", "1777", "--tmpfs", "/tmp",  # noqa: S108 - the jail's own, for any uid
         "--bind", jail.workspace, WORKSPACE,
         "--perms", "0444", "--ro-bind-data", str(PROMPT_FD), PROMPT_PATH,
     ]  # fmt: skip
@@ -146,7 +147,7 @@ def identity_files(uid: int, gid: int) -> tuple[str, str]:
     """
     passwd = (
         "root:x:0:0:root:/root:/usr/sbin/nologin\n"
-        f"agent:x:{uid}:{gid}:agent:{WORKSPACE}:/bin/sh\n"
+        f"agent:x:{uid}:{gid}:agent:{WORKSPACE}:/bin/bash\n"
         "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
     )
     group = f"root:x:0:\nagent:x:{gid}:\nnogroup:x:65534:\n"
