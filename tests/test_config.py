@@ -160,3 +160,46 @@ def test_a_bad_sandbox_egress_entry_is_one_line_naming_the_setting(
     assert message.startswith(f"TURNKEEPER_SANDBOX_EGRESS: {entry!r}"), message
     assert why in message
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("binds", "needle"),
+    [
+        ("relative/dir", "is not an absolute path"),
+        ("/", "is not an absolute path below /"),
+        ("/opt/../root", "is not a normalized path"),
+        ("/root", "would show the host's /root"),
+        ("/home/", "would show the host's /home/"),
+        ("/run", "would show the host's /run"),
+        ("/srv/tk", "would show /srv/tk/data to every agent"),
+        ("/srv/tk/data/sandboxes/x", "would show /srv/tk/data to every agent"),
+    ],
+)
+def test_read_only_binds_never_show_the_fleet(binds: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        load_settings(sandbox_ro_binds=binds, data_dir="/srv/tk/data")
+
+
+def test_sandbox_settings_parse_sizes_and_lists() -> None:
+    settings = load_settings(
+        sandbox_memory="1.5G",
+        sandbox_ro_binds="/opt/a:/usr/share/b, /srv/c",
+        sandbox_uids="5000-5009",
+    )
+    assert settings.sandbox_memory == 1536 * 1024 * 1024
+    assert settings.ro_bind_paths == ("/opt/a", "/usr/share/b", "/srv/c")
+    assert settings.sandbox_uid_range == (5000, 5009)
+    assert (settings.sandbox_provider, settings.sandbox_cpus, settings.sandbox_pids) == (
+        "bwrap",
+        2.0,
+        1024,
+    )
+    assert load_settings().sandbox_memory == 4 * 1024**3
+    for bad, needle in (
+        ({"sandbox_memory": "4X"}, "TURNKEEPER_SANDBOX_MEMORY: '4X' is not a size"),
+        ({"sandbox_uids": "9-3"}, "TURNKEEPER_SANDBOX_UIDS"),
+        ({"sandbox_uids": "0-99"}, "TURNKEEPER_SANDBOX_UIDS"),
+        ({"sandbox_pids": 3}, "TURNKEEPER_SANDBOX_PIDS"),
+    ):
+        with pytest.raises(ConfigError, match=needle):
+            load_settings(**bad)

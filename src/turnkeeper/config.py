@@ -43,6 +43,22 @@ def _check_url(value: str, schemes: set[str], what: str) -> str:
     return value
 
 
+_NEVER_BOUND = frozenset(
+    [
+        "/root",
+        "/home",
+        "/proc",
+        "/sys",
+        "/dev",
+        "/run",
+        "/var",
+        "/var/run",
+        "/var/lib",
+        "/tmp",  # noqa: S108 - a path refused, not used
+        "/etc",
+    ]
+)
+"""Host directories no jail may show whole (``TURNKEEPER_SANDBOX_RO_BINDS``)."""
 _SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:I?B)?", re.IGNORECASE)
 
 
@@ -250,6 +266,8 @@ class Settings(BaseSettings):
                 raise ValueError(f"{path!r} is not an absolute path below /")
             if any(part in (".", "..") for part in path.split("/")) or "\n" in path:
                 raise ValueError(f"{path!r} is not a normalized path")
+            if path.rstrip("/") in _NEVER_BOUND:
+                raise ValueError(f"{path} would show the host's {path} to every agent")
         return ",".join(paths)
 
     @field_validator("sandbox_uids")
@@ -289,6 +307,19 @@ class Settings(BaseSettings):
                 f"{ENV_PREFIX}HEARTBEAT_INTERVAL ({self.heartbeat_interval}s) must be shorter "
                 f"than {ENV_PREFIX}LEASE_TTL ({self.lease_ttl}s), or every owner loses its lease"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _binds_hide_the_fleet(self) -> Self:
+        """No read-only bind may show agents the data dir or the sandboxes (journals,
+        other runs' workspaces), nor sit inside them."""
+        fleet = [self.data_dir.resolve(), self.sandboxes_dir.resolve()]
+        for path in map(Path, self.ro_bind_paths):
+            for kept in fleet:
+                if kept.is_relative_to(path) or path.is_relative_to(kept):
+                    raise ValueError(
+                        f"{ENV_PREFIX}SANDBOX_RO_BINDS: {path} would show {kept} to every agent"
+                    )
         return self
 
     @property

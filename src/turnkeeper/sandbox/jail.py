@@ -90,7 +90,14 @@ def jail_argv(jail: Jail, environment: Mapping[str, str], script: str) -> list[s
         argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     argv += ["--ro-bind", jail.passwd_file, "/etc/passwd"]
     argv += ["--ro-bind", jail.group_file, "/etc/group"]
-    made = {"/", "/etc", "/run", "/run/turnkeeper"}
+    argv += [
+        "--proc", "/proc", "--dev", "/dev",
+        "--perms", "1777", "--tmpfs", "/tmp",  # noqa: S108 - the jail's own, for any uid
+        "--bind", jail.workspace, WORKSPACE,
+        "--perms", "0444", "--ro-bind-data", str(PROMPT_FD), PROMPT_PATH,
+    ]  # fmt: skip
+    # Extra binds last, so that one below /tmp is not hidden by the jail's own /tmp.
+    made = {"/", "/etc", "/run", "/run/turnkeeper", "/tmp"}  # noqa: S108 - as above
     for path in jail.read_only:
         if _under(path, SYSTEM_DIRS):
             continue  # already visible
@@ -98,12 +105,6 @@ def jail_argv(jail: Jail, environment: Mapping[str, str], script: str) -> list[s
         argv += _directories(parents)
         made.update(parents)
         argv += ["--ro-bind", path, path]
-    argv += [
-        "--proc", "/proc", "--dev", "/dev",
-        "--perms", "1777", "--tmpfs", "/tmp",  # noqa: S108 - the jail's own, for any uid
-        "--bind", jail.workspace, WORKSPACE,
-        "--perms", "0444", "--ro-bind-data", str(PROMPT_FD), PROMPT_PATH,
-    ]  # fmt: skip
     env = dict(environment)
     launcher: tuple[str, ...] = ()
     if jail.egress is not None:
