@@ -59,6 +59,8 @@ log = structlog.get_logger(__name__)
 _WAKE = 0.25
 Line = tuple[bytes, int]
 _DEADLINE = "the run passed its deadline"
+_MEMORY_LIMIT = "the agent passed its memory limit and was killed"
+KILLED = 128 + 9  # the exit status of a process killed by SIGKILL (the OOM killer's signal)
 _SANDBOX_LOST = "the sandbox was lost mid-run and this agent cannot continue"
 _JOURNAL_FAILURES = {
     "agent-vanished": "the agent process ended without an exit sentinel",
@@ -338,14 +340,15 @@ class Attempt:
         error = None
         if failure is not None:
             stderr = stderr_tail(sandbox, handle.paths) if sandbox else b""
-            limit = _limit_hit(sandbox) if exit_code != 0 else None
-            if limit is not None:
-                failure = lifecycle.run_error(limit[1], limit[0])
+            limits = _limits_hit(sandbox)
+            if exit_code == KILLED and limits.get("memory_kills"):
+                failure = lifecycle.run_error(_MEMORY_LIMIT, "memory-limit")
             error = {
                 "reason": failure["code"],
                 "message": failure["message"],
                 "exit_code": exit_code,
                 "stderr": stderr.decode("utf-8", "replace")[-2000:],
+                **({"limits": limits} if limits else {}),
             }
         self._close_with(
             failure or lifecycle.run_finished(self.claim.run_id, self.run.session_id),
@@ -457,14 +460,11 @@ class Attempt:
             self.output.check_ownership()
 
 
-def _limit_hit(sandbox: Sandbox | None) -> tuple[str, str] | None:
-    """Why a failed agent was killed, when a limit of its sandbox says so."""
+def _limits_hit(sandbox: Sandbox | None) -> dict[str, int]:
+    """How often the agent's sandbox hit its limits, when it did at all."""
     events = sandbox.limit_events() if sandbox is not None else {}
-    if events.get("oom_kill"):
-        return "memory-limit", "the agent passed its memory limit and was killed"
-    if events.get("max"):
-        return "pids-limit", "the agent reached its process limit"
-    return None
+    hits = {"memory_kills": events.get("oom_kill", 0), "pid_limit_hits": events.get("max", 0)}
+    return hits if any(hits.values()) else {}
 
 
 def _journal_exists(sandbox: Sandbox, paths: JournalPaths) -> bool:

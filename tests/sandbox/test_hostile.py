@@ -1,0 +1,191 @@
+"""A hostile agent against a real fleet, on every provider that claims isolation.
+
+A worker holds fleet secrets in its environment (a ``TURNKEEPER_SECRET`` marker, the
+database URL); a second live run (the victim) holds a prompt, an env value and a
+workspace file, all markers. The hostile agent (``hostile_agent.py``) then reads every
+/proc it can see, connects to Postgres, Redis and RabbitMQ by TCP, through the proxy
+and by unix socket, walks the filesystem for the victim's marker and any journal,
+writes outside its workspace, reads other processes' memory for its nonce, starts a
+``setsid`` daemon, allocates memory and forks without bound, prints forged sentinels
+and exits 5. Each attempt must fail, exactly as listed here; the bombs are killed
+alone; the victim and the worker finish normally; the run is recorded failed with the
+agent's own exit code 5; the daemon is gone; the nonce is nowhere a client or a log
+could see it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.driver.fleet import Fleet
+from turnkeeper.chunks import Chunk
+from turnkeeper.config import Settings
+from turnkeeper.store.records import Run, RunStatus
+
+pytestmark = pytest.mark.slow
+
+HOSTILE = Path(__file__).with_name("hostile_agent.py").read_text()
+PROVIDERS = ["bwrap"]
+"""Every provider that claims isolation (ssh joins once its remote side runs the jail)."""
+MIB = 1024 * 1024
+VICTIM = (
+    'printf "%s" "$VICTIM_FILE_TEXT" > "notes-$VICTIM_FILE_TAG.txt"; echo ready; '
+    "while [ ! -e release ]; do sleep 0.1; done; echo victim-done"
+)
+
+
+def _text(chunks: list[Chunk]) -> str:
+    return "".join(str(c["delta"]) for c in chunks if c["type"] == "TEXT_MESSAGE_CONTENT")
+
+
+def _markers() -> dict[str, str]:
+    return {
+        name: f"{name}-{uuid.uuid4().hex}" for name in ("secret", "prompt", "env", "file", "tag")
+    }
+
+
+@pytest.fixture(params=PROVIDERS)
+def fleet(request: pytest.FixtureRequest, settings: Settings, tmp_path: Path) -> Iterator[Fleet]:
+    fleet = Fleet.create(
+        settings,
+        tmp_path / "logs",
+        sandbox_provider=request.param,
+        sandbox_memory=256 * MIB,
+        sandbox_pids=128,
+    )
+    try:
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+def _wait_text(fleet: Fleet, run_id: str, text: str) -> Run:
+    def shows(run: Run) -> bool:
+        return text in _text([c for _, c in fleet.log_of(run_id)]) or run.status.is_terminal
+
+    return fleet.wait(run_id, shows, 120, f"output {text!r}")
+
+
+class DaemonWatch(threading.Thread):
+    """Host pids of every process whose command line carries ``tag``, while it runs."""
+
+    def __init__(self, tag: str) -> None:
+        super().__init__(daemon=True)
+        self.tag, self.pids, self.done = tag, set[int](), threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.05):
+            for proc in psutil.process_iter(["pid", "cmdline"]):
+                if self.tag in (proc.info["cmdline"] or []):
+                    self.pids.add(proc.info["pid"])
+
+
+def test_a_hostile_agent_gets_nothing(fleet: Fleet, settings: Settings) -> None:
+    marks = _markers()
+    database = settings.require_database_url()
+    fleet.env["TURNKEEPER_SECRET"] = marks["secret"]
+    fleet.start_worker(concurrency=2)
+
+    victim_env = {"VICTIM_TOKEN": marks["env"], "VICTIM_FILE_TEXT": marks["file"],
+                  "VICTIM_FILE_TAG": marks["tag"]}  # fmt: skip
+    victim = fleet.client.submit(
+        {"command": ["/bin/sh", "-c", VICTIM], "format": "text", "env": victim_env},
+        marks["prompt"],
+    )
+    victim = _wait_text(fleet, victim.run_id, "ready")
+    assert victim.sandbox_ref is not None
+    victim_root = Path(victim.sandbox_ref["sandbox"]["root"])
+
+    tag = f"hostile-daemon-{uuid.uuid4().hex}"
+    config = {
+        "markers": [*marks.values(), database.rsplit("/", 1)[1]],
+        "marker_file": f"notes-{marks['tag']}.txt",
+        "host_paths": [str(settings.data_dir), str(victim_root), "/var/run/postgresql",
+                       "/run/postgresql", "/root", "/home", "/etc/shadow"],
+        "write_targets": ["/", "/usr", "/etc", "/run/turnkeeper", "/run/turnkeeper/egress",
+                          str(victim_root / "workspace"), str(settings.data_dir)],
+        "daemon_tag": tag,
+        "run_id": "hostile",
+    }  # fmt: skip
+    watch = DaemonWatch(tag)
+    watch.start()
+    hostile = fleet.client.submit(
+        {"command": ["python3", "-c", HOSTILE, "{prompt_file}"], "format": "text"},
+        json.dumps(config),
+        run_id="hostile",
+    )
+    hostile = fleet.wait_settled(hostile.run_id, timeout=240)
+    watch.done.set()
+    watch.join()
+
+    lines = _text([c for _, c in fleet.log_of("hostile")]).splitlines()
+    forged = [json.loads(line) for line in lines if line.startswith('{"__exit"')]
+    probes = {p["probe"]: p["result"] for p in map(json.loads, lines) if "probe" in p}
+    assert probes == {
+        "proc-environ": {"found": [], "unreadable": [1]},
+        "proc-cmdline": {"found": [], "unreadable": []},
+        "tcp-postgres": "ECONNREFUSED",
+        "tcp-redis": "ECONNREFUSED",
+        "tcp-rabbitmq": "ECONNREFUSED",
+        "proxy-postgres": "HTTP/1.1 403 Forbidden",
+        "proxy-redis": "HTTP/1.1 403 Forbidden",
+        "proxy-rabbitmq": "HTTP/1.1 403 Forbidden",
+        "unix-postgres": "ENOENT",
+        # None to be found by walking; the proxy's, named on its jail's command line, only.
+        "unix-sockets": {"walked": [], "connected": ["/run/turnkeeper/egress/proxy.sock"]},
+        "files": {"named": [], "holding": []},
+        "host-paths": dict.fromkeys(config["host_paths"], False),
+        "write-outside": {
+            "/": "EACCES",
+            "/usr": "EROFS",
+            "/etc": "EACCES",
+            "/run/turnkeeper": "EACCES",
+            "/run/turnkeeper/egress": "EROFS",
+            str(victim_root / "workspace"): "ENOENT",
+            str(settings.data_dir): "ENOENT",
+        },
+        "memory": {"ppid": 1, "mem": {"1": "EACCES", "3": "read"}, "nonces": []},
+        "daemon": "started",
+        "memory-bomb": "exit -9",
+        "fork-bomb": "refused: EAGAIN",
+        "forged": 3,
+    }
+    assert [list(f) for f in forged] == [["__exit", "__nonce"]] * 3
+    assert len(lines) == len(probes) + len(forged)
+
+    # The run is the agent's own: failed, exit code 5, with the limits it hit counted.
+    assert hostile.status is RunStatus.FAILED
+    error = dict(hostile.error or {})
+    limits = error.pop("limits")
+    assert error == {"reason": "agent-exit", "message": "the agent exited with code 5",
+                     "exit_code": 5, "stderr": ""}  # fmt: skip
+    assert limits["memory_kills"] == 1
+    assert limits["pid_limit_hits"] > 0
+
+    # Its nonce was random, never guessed, and is nowhere a client or a log sees it.
+    placement = fleet.client.require("hostile").sandbox_ref
+    assert placement is not None
+    nonce = placement["journals"][0]["nonce"]
+    assert re.fullmatch("[0-9a-f]{64}", nonce)
+    assert nonce not in {f["__nonce"] for f in forged}
+    assert nonce not in json.dumps([c for _, c in fleet.log_of("hostile")])
+    assert nonce not in fleet.dump_logs()
+
+    # The daemon it left is gone, found from outside by its tag.
+    assert watch.pids, "the daemon was never seen running"
+    assert [pid for pid in watch.pids if psutil.pid_exists(pid)] == []
+
+    # The victim and the worker went on as if nothing happened.
+    assert all(proc.poll() is None for proc in fleet.procs)
+    (victim_root / "workspace" / "release").touch()
+    victim = fleet.wait_settled(victim.run_id)
+    assert victim.status is RunStatus.COMPLETED
+    assert _text([c for _, c in fleet.log_of(victim.run_id)]) == "ready\nvictim-done\n"
