@@ -166,3 +166,31 @@ def test_unknown_run_and_removed_log(fleet: Fleet, web: WebServer, http: httpx.C
         gone = http.get(f"{body['stream_url']}&offset={after}")
         assert gone.status_code == 410, after
         assert gone.json()["reason"] == "expired"
+
+
+def test_the_sentinel_nonce_never_leaves_the_server(
+    fleet: Fleet, web: WebServer, http: httpx.Client
+) -> None:
+    """The nonce lives in the run's placement record for successors, and nowhere else: no
+    route, stream, page or log line shows it, nor the placement record at all."""
+    run_id = "nonce-run"
+    body = _submit(http, run_id)
+    _, _ = read_stream(http, body["stream_url"])
+    run = fleet.wait_settled(run_id)
+    assert run.sandbox_ref is not None
+    nonce = run.sandbox_ref["journals"][0]["nonce"]
+    assert re.fullmatch("[0-9a-f]{64}", nonce)
+    path = quote(run_id, safe="")
+    seen = [
+        str(body),
+        http.get(f"/runs/{path}").text,
+        http.get("/runs").text,
+        http.get(body["stream_url"]).text,  # the whole stream, the log being closed
+        http.get(f"/sessions/s-{run_id}/transcript").text,
+        http.get(f"/ui/runs/{path}").text,
+        http.get("/metrics").text,
+        http.post(f"/runs/{path}/cancel").text,
+        fleet.dump_logs(),
+    ]
+    assert [text for text in seen if nonce in text] == []
+    assert [text for text in seen[:8] if "journals" in text or "sandbox_ref" in text] == []
