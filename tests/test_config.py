@@ -99,3 +99,64 @@ def test_errors_carry_structured_fields() -> None:
     assert error.context() == {"run_id": "r1", "attempt_id": "a1", "epoch": 3, "reason": "lease"}
     assert str(error) == "lost (run_id='r1', attempt_id='a1', epoch=3, reason='lease')"
     assert str(ConfigError()) == "A setting is missing or invalid."
+
+
+def test_sandbox_egress_defaults_to_the_model_apis(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TURNKEEPER_SANDBOX_EGRESS", raising=False)
+    assert load_settings().sandbox_egress == ("api.anthropic.com:443", "api.openai.com:443")
+
+
+@pytest.mark.parametrize(
+    ("given", "canonical"),
+    [
+        ("", ()),
+        (" , ", ()),
+        ("API.Anthropic.COM.:443", ("api.anthropic.com:443",)),
+        (
+            "127.0.0.1:8080, example.org:0443,[0:0::1]:9, xn--bcher-kva.example:80",
+            ("127.0.0.1:8080", "example.org:443", "[::1]:9", "xn--bcher-kva.example:80"),
+        ),
+        ("a.example:1,a.example:1,A.example.:1", ("a.example:1",)),
+    ],
+)
+def test_sandbox_egress_is_read_comma_separated_into_canonical_entries(
+    monkeypatch: pytest.MonkeyPatch, given: str, canonical: tuple[str, ...]
+) -> None:
+    monkeypatch.setenv("TURNKEEPER_SANDBOX_EGRESS", given)
+    assert load_settings().sandbox_egress == canonical
+    assert Settings(sandbox_egress=given).sandbox_egress == canonical
+    assert Settings(sandbox_egress=list(given.split(","))).sandbox_egress == canonical
+
+
+@pytest.mark.parametrize(
+    ("entry", "why"),
+    [
+        ("api.anthropic.com", "is not host:port"),
+        (":443", "is not host:port"),
+        ("api.anthropic.com:0", "the port must be a number from 1 to 65535"),
+        ("api.anthropic.com:65536", "the port must be a number from 1 to 65535"),
+        ("api.anthropic.com:https", "the port must be a number from 1 to 65535"),
+        ("localhost:8080", "write the host's loopback as 127.0.0.1"),
+        ("app.localhost:8080", "write the host's loopback as 127.0.0.1"),
+        ("127.1:8080", "127.1 is not a dotted-quad IPv4 address"),
+        ("2130706433:8080", "2130706433 is not a dotted-quad IPv4 address"),
+        ("127.000.000.001:8080", "127.000.000.001 is not a dotted-quad IPv4 address"),
+        ("0x7f.1:8080", "'0x7f.1' is not a host name or an IP address"),
+        ("*.anthropic.com:443", "'*.anthropic.com' is not a host name or an IP address"),
+        ("api.example.123:443", "'api.example.123' is not a host name or an IP address"),
+        ("bad_name.example:443", "'bad_name.example' is not a host name or an IP address"),
+        ("[::g]:443", "[::g] is not an IPv6 address"),
+        ("::1:443", "'::1' is not a host name or an IP address"),
+        ("user@api.anthropic.com:443", "is not a host name or an IP address"),
+    ],
+)
+def test_a_bad_sandbox_egress_entry_is_one_line_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch, entry: str, why: str
+) -> None:
+    monkeypatch.setenv("TURNKEEPER_SANDBOX_EGRESS", f"api.openai.com:443,{entry}")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    message = caught.value.message
+    assert message.startswith(f"TURNKEEPER_SANDBOX_EGRESS: {entry!r}"), message
+    assert why in message
+    assert "\n" not in str(caught.value)

@@ -6,12 +6,15 @@ passed down; no other module reads the environment.
 
 from __future__ import annotations
 
+import ipaddress
+import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal, Self
+from typing import Annotated, Literal, Self
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from turnkeeper.errors import ConfigError
 
@@ -38,6 +41,60 @@ def _check_url(value: str, schemes: set[str], what: str) -> str:
     except ValueError:
         raise ValueError(f"{what} URL has an invalid port: {value!r}") from None
     return value
+
+
+_DNS_LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
+_TOP_LABEL = re.compile(r"[a-z][a-z0-9-]*")  # never numeric, so no resolver reads it as an address
+_LOOPBACK_NAMES = ("localhost", "localhost.localdomain")
+DEFAULT_SANDBOX_EGRESS = ("api.anthropic.com:443", "api.openai.com:443")
+
+
+def _egress_host(host: str, entry: str) -> str:
+    """The one spelling of an allowlisted host; anything a resolver could read two ways fails."""
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            return f"[{ipaddress.IPv6Address(host[1:-1]).compressed}]"
+        except ValueError:
+            raise ValueError(f"{entry!r}: {host} is not an IPv6 address") from None
+    if re.fullmatch(r"[0-9.]+", host):
+        try:
+            canonical = str(ipaddress.IPv4Address(host))
+        except ValueError:
+            raise ValueError(f"{entry!r}: {host} is not a dotted-quad IPv4 address") from None
+        if canonical != host:
+            raise ValueError(f"{entry!r}: write the address as {canonical}")
+        return host
+    labels = host.split(".")
+    if (
+        len(host) > 253
+        or not all(_DNS_LABEL.fullmatch(label) for label in labels)
+        or not _TOP_LABEL.fullmatch(labels[-1])
+    ):
+        raise ValueError(f"{entry!r}: {host!r} is not a host name or an IP address")
+    if host in _LOOPBACK_NAMES or host.endswith(".localhost"):
+        raise ValueError(f"{entry!r}: write the host's loopback as 127.0.0.1")
+    return host
+
+
+def _egress_entry(entry: str) -> str:
+    host, colon, port = entry.strip().rpartition(":")
+    if not colon or not host:
+        raise ValueError(f"{entry!r} is not host:port")
+    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(f"{entry!r}: the port must be a number from 1 to 65535")
+    return f"{_egress_host(host.lower().removesuffix('.'), entry)}:{int(port)}"
+
+
+def parse_egress_allowlist(entries: str | Iterable[str]) -> tuple[str, ...]:
+    """Canonical ``host:port`` entries of an egress allowlist (comma-separated or a sequence).
+
+    Hosts are lowercased without a trailing dot; an IP address has exactly one accepted
+    spelling, and names a resolver would read as an address (``127.1``, ``0x7f.1``) or as
+    the loopback (``localhost``) are refused, so that matching stays a plain comparison.
+    """
+    items = entries.split(",") if isinstance(entries, str) else entries
+    canonical = (_egress_entry(item) for item in items if item.strip())
+    return tuple(dict.fromkeys(canonical))
 
 
 def plain_postgres_url(url: str) -> str:
@@ -95,6 +152,11 @@ class Settings(BaseSettings):
 
     # Sandboxes and journals.
     sandbox_provider: Literal["local", "bwrap", "ssh"] = "local"
+    sandbox_egress: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=DEFAULT_SANDBOX_EGRESS,
+        description="host:port pairs a sandboxed agent may reach through the egress proxy, "
+        "comma-separated; 127.0.0.1:PORT is the worker host's loopback; empty allows nothing.",
+    )
     sandbox_root: Path | None = Field(
         default=None, description="Where local sandboxes live; defaults to DATA_DIR/sandboxes."
     )
@@ -153,6 +215,13 @@ class Settings(BaseSettings):
     @classmethod
     def _broker_url(cls, value: str | None) -> str | None:
         return None if not value else _check_url(value, _BROKER_SCHEMES, "broker")
+
+    @field_validator("sandbox_egress", mode="before")
+    @classmethod
+    def _sandbox_egress(cls, value: object) -> tuple[str, ...]:
+        if not isinstance(value, str | list | tuple):
+            raise ValueError("expected comma-separated host:port entries")  # noqa: TRY004 - pydantic reports ValueErrors
+        return parse_egress_allowlist(value)
 
     @model_validator(mode="after")
     def _intervals(self) -> Self:

@@ -118,6 +118,18 @@ class SandboxGoneError(SandboxError):
     """The sandbox no longer exists."""
 
 
+class EgressProxyError(SandboxError):
+    """The egress proxy for sandboxed agents could not be started."""
+
+
+class EgressRefusedError(SandboxError):
+    """The egress proxy refused a request (its ``status`` says how)."""
+
+    def __init__(self, status: int, reason: str, message: str, **fields: Any) -> None:
+        super().__init__(message, reason=reason, **fields)
+        self.status = status
+
+
 class JournalError(TurnkeeperError):
     """Reading or writing a run journal failed."""
 
