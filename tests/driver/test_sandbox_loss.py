@@ -8,8 +8,10 @@ chunk once, the output before the loss exactly as a crash-free run had it.
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,7 +23,7 @@ import pytest
 from tests.driver.fleet import Fleet, expected_log
 from tests.driver.test_takeover import AGENT, PROMPT
 from turnkeeper.chunks import Chunk
-from turnkeeper.driver.lifecycle import INTERRUPTED, OUTCOME_UNKNOWN
+from turnkeeper.driver.lifecycle import INTERRUPTED, OUTCOME_UNKNOWN, outcome_unknown
 from turnkeeper.store.records import Run, RunStatus
 
 TEXT_AGENT: dict[str, Any] = {
@@ -31,6 +33,44 @@ TEXT_AGENT: dict[str, Any] = {
         "for i in 1 2 3 4 5 6 7 8 9 10 11 12; do echo line $i; sleep 0.2; done",
     ],
     "format": "text",
+}
+
+# An agent lost while it streams a tool call's input: the call is started, never ended.
+_CUT_LINES = [
+    {"type": "system", "subtype": "init", "session_id": "cut", "model": "m"},
+    {
+        "type": "stream_event",
+        "event": {"type": "message_start", "message": {"id": "msg_cut", "content": []}},
+    },
+    {
+        "type": "stream_event",
+        "event": {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "tool_use", "id": "toolu_cut", "name": "Bash", "input": {}},
+        },
+    },
+    {
+        "type": "stream_event",
+        "event": {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": '{"command": "sl'},
+        },
+    },
+]
+CUT_AGENT: dict[str, Any] = {
+    "command": [
+        sys.executable,
+        "-c",
+        "import sys, time; sys.stdout.write(sys.argv[1]); sys.stdout.flush(); time.sleep(120)",
+        "".join(json.dumps(line) + "\n" for line in _CUT_LINES),
+    ],
+    "format": "claude-code",
+    "continue": [
+        *[sys.executable, "-m", "turnkeeper.agents.scripted", "--prompt", "{prompt}"],
+        *["--turns", "0", "--pace", "0"],
+    ],
 }
 
 
@@ -148,3 +188,36 @@ def test_a_sandbox_lost_during_the_closing_answer_still_finishes(
     final = _assert_consistent(fleet.log_of(run.run_id), oracle)
     _assert_every_call_answered_once(final)
     assert final[-1] == oracle[-1]
+
+
+def test_a_tool_call_cut_off_mid_input_is_closed_and_answered(fleet: Fleet) -> None:
+    """The lost process had started a tool call and was streaming its input: the call is
+    closed, answered with an unknown outcome, and the continuation goes on after it."""
+    fleet.start_worker()
+    fleet.start_beat()
+    run = fleet.client.submit(CUT_AGENT, "cut")
+    owned = _wait_for_chunks(fleet, run.run_id, 4)
+    _destroy_sandbox(owned)
+    done = fleet.wait_settled(run.run_id)
+    assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
+    chunks = [chunk for _, chunk in fleet.log_of(run.run_id)]
+    call = f"{run.run_id}-t0"
+    assert [(c["type"], c.get("toolCallId"), c.get("name")) for c in chunks[:8]] == [
+        ("RUN_STARTED", None, None),
+        ("CUSTOM", None, "turnkeeper.session"),
+        ("TOOL_CALL_START", call, None),
+        ("TOOL_CALL_ARGS", call, None),
+        ("TOOL_CALL_END", call, None),
+        ("CUSTOM", None, INTERRUPTED),
+        ("TOOL_CALL_RESULT", call, None),
+        ("CUSTOM", None, "turnkeeper.session"),
+    ]
+    assert chunks[6] == outcome_unknown(call)
+    _assert_every_call_answered_once(chunks)
+    assert [c["type"] for c in chunks[8:]] == [
+        "TEXT_MESSAGE_START",
+        *["TEXT_MESSAGE_CONTENT"] * (len(chunks) - 12),
+        "TEXT_MESSAGE_END",
+        "CUSTOM",
+        "RUN_FINISHED",
+    ]

@@ -2,22 +2,24 @@
 
 ``python -m turnkeeper.agents.scripted --prompt P --seed S --turns N --pace SECONDS``
 prints the stream-json transcript that ``claude -p P --output-format stream-json
---verbose --include-partial-messages`` would print for a model that, in each of
-N turns, says a sentence (streamed as several text deltas, then the full
-message), calls a tool (streamed as ``input_json_delta`` pieces, then the full
-message), and then, in a last turn, says a closing sentence; a ``result`` line
-with usage ends the run. The tools really run in the working directory:
-``Write`` writes ``notes/turn-<k>.txt``, ``Bash`` runs ``echo WORD`` or ``ls``
-(argv, no shell), and their real output is the ``tool_result``.
+--verbose --include-partial-messages`` would print for a model doing a small coding
+chore (see :mod:`turnkeeper.agents.chores`): in each of N turns it says a sentence
+(streamed as text deltas split at word boundaries, then the full message) and calls
+one of Claude Code's tools (``Bash``, ``Read``, ``Write``, ``Edit``, with their input
+shapes, streamed as ``input_json_delta`` pieces, then the full message); a last turn
+summarises what it did, and a ``result`` line with usage ends the run. The tools
+really run in the working directory (:mod:`turnkeeper.agents.toolbox`), and their
+real output is the ``tool_result``. Paths stay relative to the working directory, so
+two runs in different directories print the same bytes.
 
-Deterministic: everything printed comes from the seed, the prompt, the turn
-number and the tools' real output; nothing from a clock (``duration_ms`` is
-derived from the seed). Turn k's lines are the same whether or not the process
-started at turn 0, so ``--start-turn K`` continues an interrupted run as a new
-process would (``claude --resume``): an init line with the same session id,
-then turns K..N. Every line is flushed at once; ``--pace`` seconds pass after
-each line. ``--error MESSAGE`` ends with an ``is_error`` result, ``--exit-code``
-sets the exit status (0 by default).
+Deterministic: everything printed comes from the seed, the prompt, the turn number
+and the tools' real output, which shows only what the agent itself wrote; nothing
+from a clock (``duration_ms`` is derived from the seed). Turn k's lines are the same
+whether or not the process started at turn 0, so ``--start-turn K`` continues an
+interrupted run as a new process would (``claude --resume``): an init line with the
+same session id, then turns K..N. Every line is flushed at once; ``--pace`` seconds
+pass after each line. ``--error MESSAGE`` ends with an ``is_error`` result,
+``--exit-code`` sets the exit status (0 by default).
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import argparse
 import itertools
 import json
 import random
-import subprocess
 import sys
 import time
 import uuid
@@ -34,22 +35,24 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from turnkeeper.agents.chores import Plan
+from turnkeeper.agents.toolbox import Toolbox
+
 MODEL = "scripted-sonnet-1"
 VERSION = "scripted-1"
-_WORDS = (
-    "the", "greeting", "check", "looks", "fine", "and", "workspace", "holds", "a", "fresh",
-    "note", "so", "I", "will", "list", "files", "verify", "output", "record", "progress",
-    "carefully", "before", "moving", "on", "to", "next", "step",
-)  # fmt: skip
+TOOLS = ["Bash", "Edit", "Read", "Write"]
 
 
 class _Agent:
     def __init__(self, *, prompt: str, seed: int, turns: int, session_id: str, cwd: Path) -> None:
-        self.prompt = prompt
+        self.plan = Plan(prompt, seed)
+        self.toolbox = Toolbox(cwd)
         self.seed = seed
         self.turns = turns
         self.session_id = session_id
         self.cwd = cwd
+        self.input_tokens = 0  # summed over the turns this process printed
+        self.output_tokens = 0
         self._scope = "init"  # line uuids depend on (scope, index), so a turn is the
         self._lines = 0  # same whichever process printed it
 
@@ -73,17 +76,20 @@ class _Agent:
             }
         )
 
-    def _assistant(self, message_id: str, block: dict[str, Any]) -> dict[str, Any]:
-        message = {
+    def _message(self, message_id: str, content: list[dict[str, Any]], k: int) -> dict[str, Any]:
+        return {
             "id": message_id,
             "type": "message",
             "role": "assistant",
             "model": MODEL,
-            "content": [block],
+            "content": content,
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": 12, "output_tokens": 1},
+            "usage": {"input_tokens": _context_tokens(k), "output_tokens": 1},
         }
+
+    def _assistant(self, message_id: str, block: dict[str, Any], k: int) -> dict[str, Any]:
+        message = self._message(message_id, [block], k)
         return self._line({"type": "assistant", "message": message, "parent_tool_use_id": None})
 
     def init(self) -> Iterator[dict[str, Any]]:
@@ -94,7 +100,7 @@ class _Agent:
                 "subtype": "init",
                 "cwd": str(self.cwd),
                 "session_id": self.session_id,
-                "tools": ["Bash", "Read", "Write"],
+                "tools": TOOLS,
                 "mcp_servers": [],
                 "model": MODEL,
                 "permissionMode": "bypassPermissions",
@@ -104,23 +110,15 @@ class _Agent:
         )
 
     def turn(self, k: int) -> Iterator[dict[str, Any]]:
-        """Turn k (0-based): text, then a tool call (k < turns) or the end."""
+        """Turn k (0-based): text, then a tool call (k < turns) or the summary."""
         rng = random.Random(f"{self.seed}:turn:{k}")  # noqa: S311 - a script, not a secret
         message_id = f"msg_scripted_{self.seed}_{k}"
         final = k >= self.turns
         self._enter(f"turn-{k}")
-        text = self._sentence(rng, k, final)
+        step = None if final else self.plan.step(k, self.toolbox.listing())
+        text = self.plan.summary(self.turns) if step is None else step.text
         yield self._line({"type": "system", "subtype": "status", "status": "requesting"})
-        start: dict[str, Any] = {
-            "id": message_id,
-            "type": "message",
-            "role": "assistant",
-            "model": MODEL,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {"input_tokens": 12, "output_tokens": 1},
-        }
+        start = self._message(message_id, [], k)
         yield self._stream(message_id, {"type": "message_start", "message": start})
         block = {"type": "text", "text": ""}
         yield self._stream(
@@ -131,74 +129,51 @@ class _Agent:
             yield self._stream(
                 message_id, {"type": "content_block_delta", "index": 0, "delta": delta}
             )
-        yield self._assistant(message_id, {"type": "text", "text": text})
+        yield self._assistant(message_id, {"type": "text", "text": text}, k)
         yield self._stream(message_id, {"type": "content_block_stop", "index": 0})
-        if final:
-            yield from self._stop(message_id, "end_turn", rng)
+        if step is None:
+            yield from self._stop(message_id, "end_turn", k, len(text))
             return
         tool_id = f"toolu_scripted_{self.seed}_{k}"
-        name, arguments, run = self._tool(rng, k)
-        tool_block: dict[str, Any] = {"type": "tool_use", "id": tool_id, "name": name, "input": {}}
+        arguments = json.dumps(step.input, ensure_ascii=False)
+        tool_block: dict[str, Any] = {"type": "tool_use", "id": tool_id, "name": step.tool}
+        opened = {**tool_block, "input": {}}
         yield self._stream(
-            message_id, {"type": "content_block_start", "index": 1, "content_block": tool_block}
+            message_id, {"type": "content_block_start", "index": 1, "content_block": opened}
         )
-        for piece in _split_json(json.dumps(arguments, ensure_ascii=False), rng):
+        for piece in _split_json(arguments, rng):
             delta = {"type": "input_json_delta", "partial_json": piece}
             yield self._stream(
                 message_id, {"type": "content_block_delta", "index": 1, "delta": delta}
             )
-        yield self._assistant(
-            message_id, {"type": "tool_use", "id": tool_id, "name": name, "input": arguments}
-        )
+        yield self._assistant(message_id, {**tool_block, "input": step.input}, k)
         yield self._stream(message_id, {"type": "content_block_stop", "index": 1})
-        yield from self._stop(message_id, "tool_use", rng)
-        output, failed = run()
-        result = {"tool_use_id": tool_id, "type": "tool_result", "content": output}
-        result["is_error"] = failed
+        yield from self._stop(message_id, "tool_use", k, len(text) + len(arguments))
+        outcome = self.toolbox.run(step.tool, step.input)
+        result = {
+            "tool_use_id": tool_id,
+            "type": "tool_result",
+            "content": outcome.content,
+            "is_error": outcome.is_error,
+        }
         yield self._line(
             {
                 "type": "user",
                 "message": {"role": "user", "content": [result]},
                 "parent_tool_use_id": None,
-                "tool_use_result": {"stdout": output, "stderr": "", "interrupted": False},
+                "tool_use_result": outcome.detail,
             }
         )
 
-    def _stop(self, message_id: str, reason: str, rng: random.Random) -> Iterator[dict[str, Any]]:
+    def _stop(self, message_id: str, reason: str, k: int, chars: int) -> Iterator[dict[str, Any]]:
+        """End one API message; its usage counts towards the result line's."""
+        output_tokens = max(1, chars // 4)  # roughly a token per four characters
+        self.input_tokens += _context_tokens(k)
+        self.output_tokens += output_tokens
         delta = {"stop_reason": reason, "stop_sequence": None}
-        usage = {"output_tokens": rng.randint(8, 40)}
+        usage = {"output_tokens": output_tokens}
         yield self._stream(message_id, {"type": "message_delta", "delta": delta, "usage": usage})
         yield self._stream(message_id, {"type": "message_stop"})
-
-    def _sentence(self, rng: random.Random, k: int, final: bool) -> str:
-        words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(5, 9)))
-        if final:
-            return f"All {self.turns} steps are done: {words}."
-        if k == 0:
-            return f"Working on: {self.prompt[:80]}. Step 1, {words}."
-        return f"Step {k + 1}, {words}."
-
-    def _tool(self, rng: random.Random, k: int) -> tuple[str, dict[str, Any], Any]:
-        kind = ("write", "echo", "ls")[(self.seed + k) % 3]  # every kind within 3 turns
-        if kind == "write":
-            relative = f"notes/turn-{k + 1}.txt"
-            content = f"note {k + 1}: " + " ".join(rng.choice(_WORDS) for _ in range(4)) + "\n"
-
-            def write() -> tuple[str, bool]:
-                path = self.cwd / relative
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(content, encoding="utf-8")
-                return f"File created successfully at: {relative}", False
-
-            return "Write", {"file_path": relative, "content": content}, write
-        argv = ["echo", rng.choice(_WORDS)] if kind == "echo" else ["ls"]
-        description = "Print a word" if kind == "echo" else "List files"
-
-        def bash() -> tuple[str, bool]:
-            done = subprocess.run(argv, cwd=self.cwd, capture_output=True, text=True, check=False)
-            return (done.stdout + done.stderr).rstrip("\n"), done.returncode != 0
-
-        return "Bash", {"command": " ".join(argv), "description": description}, bash
 
     def result(self, *, turns_run: int, error: str | None, final_text: str) -> dict[str, Any]:
         rng = random.Random(f"{self.seed}:result")  # noqa: S311 - a script, not a secret
@@ -215,14 +190,19 @@ class _Agent:
                 "stop_reason": "end_turn",
                 "total_cost_usd": 0.0,
                 "usage": {
-                    "input_tokens": 12 * turns_run,
+                    "input_tokens": self.input_tokens,
                     "cache_creation_input_tokens": 0,
                     "cache_read_input_tokens": 0,
-                    "output_tokens": 20 * turns_run,
+                    "output_tokens": self.output_tokens,
                 },
                 "permission_denials": [],
             }
         )
+
+
+def _context_tokens(k: int) -> int:
+    """The prompt a request sends grows with the conversation before it."""
+    return 1500 + 120 * k
 
 
 def _split(text: str, rng: random.Random) -> list[str]:

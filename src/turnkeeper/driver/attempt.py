@@ -389,10 +389,14 @@ class Attempt:
             self._interrupt(index)
 
     def _interrupt(self, journal_index: int) -> None:
+        """Close what the lost process left open, mark the cut, and answer every tool call
+        it made, those whose input it was still streaming included (closed just now)."""
         self.recorder.interrupt()
         marks = self.translator.finish()
+        closed = {c["toolCallId"] for c in marks if c["type"] == "TOOL_CALL_END"}
+        unanswered = sorted(closed.union(self.recorder.pending_tool_calls))
         marks.append(lifecycle.interrupted(journal_index))
-        marks.extend(lifecycle.outcome_unknown(c) for c in self.recorder.pending_tool_calls)
+        marks.extend(lifecycle.outcome_unknown(c) for c in unanswered)
         self._emit(marks)
         self.recorder.close_interrupted_turn()
 
