@@ -19,6 +19,7 @@ from typing import Any
 
 import psutil
 
+import turnkeeper
 from turnkeeper.agents.spec import AgentSpec
 from turnkeeper.agents.translator import translator_for
 from turnkeeper.chunks import Chunk
@@ -35,6 +36,12 @@ FAST: dict[str, Any] = {
     "heartbeat_interval": 0.5,
     "reconcile_interval": 0.5,
     "requeue_after": 3.0,
+    # Tests' own agent commands run this interpreter and package (``sys.executable -m
+    # turnkeeper.agents.scripted``): the jail shows them read-only, as an operator
+    # would show a Python agent of their own.
+    "sandbox_ro_binds": ",".join(
+        dict.fromkeys([sys.prefix, sys.base_prefix, str(Path(turnkeeper.__file__).parent)])
+    ),
 }
 CELERY_QUIET = ["--without-mingle", "--without-gossip", "--without-heartbeat"]
 
@@ -152,6 +159,7 @@ def destroy_sandboxes(settings: Settings) -> None:
         provider = provider_for(settings.sandbox_provider, settings)
         for entry in root.iterdir():
             provider.destroy(SandboxRef(provider.name, entry.name, str(entry)))
+        provider.sweep()  # what sandboxes a test removed by hand left behind
     stop_proxies(settings.data_dir)
 
 
