@@ -25,7 +25,7 @@ import psycopg
 import structlog
 
 from turnkeeper.config import plain_postgres_url
-from turnkeeper.store import Store, migration
+from turnkeeper.store import Store, Verdict, migration
 from turnkeeper.store import queries as q
 
 
@@ -44,11 +44,17 @@ PLAIN = {
 def ours_cycle(store: Store, run_id: str) -> None:
     claim = store.claim_run(run_id, "bench", 30)
     assert claim is not None
-    assert store.begin_turn_slot(claim, 0, "t0", None)
-    assert store.update_turn_phase(claim, "provider_started", journal_key=f"{run_id}:k")
-    assert store.update_turn_phase(claim, "tool_request_recorded", tool_request={"c": 1})
-    assert store.commit_turn_slot(claim, "leaf")
-    assert store.settle_run(claim, "completed")
+    assert store.begin_turn_slot(claim, 0, "t0", None) is Verdict.DONE
+    assert (
+        store.update_turn_phase(claim, "provider_started", journal_key=f"{run_id}:k")
+        is Verdict.DONE
+    )
+    assert (
+        store.update_turn_phase(claim, "tool_request_recorded", tool_request={"c": 1})
+        is Verdict.DONE
+    )
+    assert store.commit_turn_slot(claim, "leaf") is Verdict.DONE
+    assert store.settle_run(claim, "completed") is Verdict.DONE
 
 
 def plain_cycle(conn: psycopg.Connection[tuple[object, ...]], run_id: str) -> None:

@@ -183,6 +183,12 @@ class Settings(BaseSettings):
     )
     max_attempts: int = Field(default=5, ge=1, le=100, description="Attempts before failing.")
     run_timeout: float = Field(default=3600.0, gt=0, description="Deadline of a run after admit.")
+    max_continuations: int = Field(
+        default=3,
+        ge=0,
+        le=100,
+        description="New agent processes a run may start after losing one, before it fails.",
+    )
 
     # Sandboxes and journals.
     sandbox_provider: Literal["local", "bwrap", "ssh"] = Field(

@@ -68,20 +68,19 @@ def reconcile(
 
 
 def end_run_log(rt: WorkerRuntime, run: Run) -> None:
-    """Close the log of a run settled without its owner, with the reason as its last chunk.
+    """Close the log of a run settled without its owner (or whose owner died right
+    after settling it), with the final chunk its status and error call for.
 
     The fence at ``epoch + 1`` refuses anything its last owner might still append.
     """
     epoch = run.epoch + 1
-    error: dict[str, Any] = run.error if isinstance(run.error, dict) else {}
-    reason = str(error.get("reason", run.status.value))
-    message = str(error.get("message", f"the run ended: {reason}"))
+    final = lifecycle.final_chunk(run)
     try:
         rt.log.fence(run.run_id, epoch)
-        end_log(rt.log, run.run_id, epoch, lifecycle.run_error(message, reason))
+        end_log(rt.log, run.run_id, epoch, final)
     except (LogClosedError, LogFencedError):
         pass  # someone closed it meanwhile; the first end wins
-    log.info("run.log_ended", run_id=run.run_id, reason=reason)
+    log.info("run.log_ended", run_id=run.run_id, final=final["type"], reason=final.get("code"))
 
 
 def reap(rt: WorkerRuntime) -> ReapReport:
@@ -137,7 +136,7 @@ def _sandbox_of(run: Run) -> SandboxRef | None:
 
 
 def _sandbox_ref(placement: Any) -> SandboxRef | None:
-    """The sandbox of a run's placement record (see ``driver.attempt.Placement``)."""
+    """The sandbox of a run's placement record (see ``driver.placement.Placement``)."""
     sandbox = placement.get("sandbox") if isinstance(placement, dict) else None
     return SandboxRef.from_dict(sandbox) if sandbox else None
 

@@ -42,6 +42,7 @@ FAST: dict[str, Any] = {
     "sandbox_ro_binds": ",".join(
         dict.fromkeys([sys.prefix, sys.base_prefix, str(Path(turnkeeper.__file__).parent)])
     ),
+    "reap_interval": 5.0,
 }
 CELERY_QUIET = ["--without-mingle", "--without-gossip", "--without-heartbeat"]
 
@@ -87,6 +88,14 @@ class Fleet:
 
     def start_worker(self, concurrency: int = 1) -> subprocess.Popen[bytes]:
         return self._start("worker", "worker", "-c", str(concurrency), *CELERY_QUIET)
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Until every worker and beat started so far reports that it is consuming."""
+        deadline = time.monotonic() + timeout  # a hang guard, not a timing assertion
+        logs = sorted(self.logs.glob("*.log"))
+        while not all(b" ready." in path.read_bytes() for path in logs):
+            assert time.monotonic() < deadline, self.dump_logs()
+            time.sleep(0.1)
 
     def start_beat(self) -> subprocess.Popen[bytes]:
         return self._start("beat", "beat", *CELERY_QUIET)
@@ -146,7 +155,19 @@ class Fleet:
             time.sleep(0.05)
 
     def wait_settled(self, run_id: str, timeout: float = 90.0) -> Run:
-        return self.wait(run_id, lambda r: r.status.is_terminal, timeout, "settled")
+        """Until the run is settled and its log closed: a run is settled before its
+        final chunk is appended, so a client reads the whole log once it is closed."""
+        run = self.wait(run_id, lambda r: r.status.is_terminal, timeout, "settled")
+        self.wait_log_closed(run_id)
+        return run
+
+    def wait_log_closed(self, run_id: str, timeout: float = 150.0) -> None:
+        """Until the run's log is closed: by its owner right after it settled the run,
+        or by the reaper when the owner died in between (a hang guard)."""
+        deadline = time.monotonic() + timeout
+        while not self.client.log.state(run_id).closed:
+            assert time.monotonic() < deadline, f"the log of {run_id} never closed"
+            time.sleep(0.1)
 
     def log_of(self, run_id: str) -> list[tuple[int, Chunk]]:
         return self.client.log.snapshot(run_id)

@@ -61,6 +61,7 @@ def test_chaos(settings: Settings, tmp_path: Path) -> None:
         for run_id, agent in agents.items():
             run = fleet.client.require(run_id)
             assert run.status is RunStatus.COMPLETED, (run_id, run.error)
+            fleet.wait_log_closed(run_id)  # its owner may have died right after settling
             oracle = expected_log(
                 run_id,
                 run.session_id,

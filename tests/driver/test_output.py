@@ -9,6 +9,7 @@ import pytest
 
 from turnkeeper.config import Settings
 from turnkeeper.driver.output import RunOutput
+from turnkeeper.driver.ownership import Ownership
 from turnkeeper.errors import OwnershipLostError, SequenceConflictError
 from turnkeeper.store.records import Claim
 from turnkeeper.workers.runtime import WorkerRuntime
@@ -31,7 +32,9 @@ def test_an_append_that_landed_before_its_reply_was_lost_is_not_an_error(
     claim_and_runtime: tuple[Claim, WorkerRuntime],
 ) -> None:
     claim, rt = claim_and_runtime
-    output = RunOutput(rt.store, rt.log, claim, threading.Event(), [])
+    output = RunOutput(
+        rt.store, rt.log, claim, Ownership(rt.store, claim, threading.Event(), 30), []
+    )
     rt.log.append("out-1", claim.epoch, 1, CHUNKS)  # the first try, whose reply was lost
     output.emit(CHUNKS)  # the retry
     assert [chunk for _, chunk in rt.log.snapshot("out-1")] == CHUNKS
@@ -41,7 +44,9 @@ def test_a_real_sequence_conflict_is_still_an_error(
     claim_and_runtime: tuple[Claim, WorkerRuntime],
 ) -> None:
     claim, rt = claim_and_runtime
-    output = RunOutput(rt.store, rt.log, claim, threading.Event(), [])
+    output = RunOutput(
+        rt.store, rt.log, claim, Ownership(rt.store, claim, threading.Event(), 30), []
+    )
     other = [{"type": "CUSTOM", "name": "other", "value": i} for i in range(3)]
     rt.log.append("out-1", claim.epoch, 1, other)
     with pytest.raises(SequenceConflictError):
@@ -53,7 +58,7 @@ def test_an_append_refused_for_its_epoch_is_lost_ownership_and_counted(
 ) -> None:
     claim, rt = claim_and_runtime
     lost = threading.Event()
-    output = RunOutput(rt.store, rt.log, claim, lost, [])
+    output = RunOutput(rt.store, rt.log, claim, Ownership(rt.store, claim, lost, 30), [])
     output.emit(CHUNKS[:1])
     rt.log.fence("out-1", claim.epoch + 1)  # a successor took over
     with pytest.raises(OwnershipLostError):

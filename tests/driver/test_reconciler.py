@@ -13,7 +13,7 @@ from tests.driver.fleet import Fleet
 from tests.driver.test_takeover import AGENT, PROMPT
 from turnkeeper import reconciler
 from turnkeeper.config import Settings
-from turnkeeper.store.records import RunStatus
+from turnkeeper.store.records import RunStatus, Verdict
 from turnkeeper.workers.runtime import WorkerRuntime
 
 
@@ -140,9 +140,7 @@ def test_cancel_of_a_queued_run_ends_its_log(fleet: Fleet) -> None:
 
 def test_a_live_run_past_its_deadline_is_stopped(fleet: Fleet) -> None:
     fleet.start_worker()
-    # A worker that is still starting when the deadline passes never claims the run.
-    warm_up = fleet.client.submit(AGENT, PROMPT)
-    fleet.wait_settled(warm_up.run_id)
+    fleet.wait_ready()  # a worker still booting could find the run past its deadline
     slow = {**AGENT, "turns": 8, "pace": 0.2}
     run = fleet.client.submit(slow, PROMPT, timeout=2.0)
     done = fleet.wait_settled(run.run_id)
@@ -166,7 +164,7 @@ def test_reap_ends_the_open_log_of_a_settled_run(runtime: WorkerRuntime) -> None
     claim = runtime.store.replace_turn_slot_attempt("open-1", str(run.attempt_id), "x", 5)
     assert claim is not None
     error = {"reason": "agent-exit", "message": "the agent exited with code 3"}
-    assert runtime.store.settle_run(claim, RunStatus.FAILED, error)
+    assert runtime.store.settle_run(claim, RunStatus.FAILED, error) is Verdict.DONE
     report = reconciler.reap(runtime)
     assert report.logs_ended == 1
     chunks = [chunk for _, chunk in runtime.log.snapshot("open-1")]

@@ -7,59 +7,57 @@ import itertools
 import pytest
 
 from turnkeeper.driver.recovery import Recovery, RecoveryFacts, classify
-from turnkeeper.store.records import TurnPhase
 
-BEFORE = TurnPhase.BEFORE_PROVIDER
-STARTED = TurnPhase.PROVIDER_STARTED
-TOOLS = TurnPhase.TOOL_REQUEST_RECORDED
-COMMITTED = TurnPhase.COMMITTED
+FIELDS = (
+    "cancel_requested",
+    "journal_finished",
+    "loss_recorded",
+    "sandbox_alive",
+    "journal_present",
+    "journal_started",
+)
 
-# phase, consumed, sandbox alive, journal present, segments, can continue, cancel -> action
+# cancel, finished, loss recorded, sandbox alive, journal present, started -> action
 TABLE = [
     # cancel wins over everything
-    (STARTED, False, True, True, True, True, True, Recovery.ABORT),
-    (None, False, False, False, False, False, True, Recovery.ABORT),
-    # all output captured: finish from segments, whatever the sandbox's state
-    (STARTED, True, False, False, True, False, False, Recovery.FINISH_FROM_SEGMENTS),
-    (COMMITTED, True, True, True, True, True, False, Recovery.FINISH_FROM_SEGMENTS),
-    # a living journal: attach, in any phase (a crash right after the spawn left the
-    # slot in before_provider while the agent runs)
-    (BEFORE, False, True, True, False, False, False, Recovery.ATTACH),
-    (STARTED, False, True, True, True, False, False, Recovery.ATTACH),
-    (TOOLS, False, True, True, True, True, False, Recovery.ATTACH),
-    (COMMITTED, False, True, True, True, False, False, Recovery.ATTACH),
-    # nothing ran: start
-    (None, False, False, False, False, False, False, Recovery.START),
-    (BEFORE, False, True, False, False, False, False, Recovery.START),
-    (BEFORE, False, False, False, False, True, False, Recovery.START),
-    # output lost with the sandbox (or the journal): continue when the agent can
-    (STARTED, False, False, False, True, True, False, Recovery.CONTINUE),
-    (TOOLS, False, False, False, True, True, False, Recovery.CONTINUE),
-    (STARTED, False, True, False, False, True, False, Recovery.CONTINUE),
-    (BEFORE, False, False, False, True, True, False, Recovery.CONTINUE),
-    # ... and fail when it cannot
-    (STARTED, False, False, False, True, False, False, Recovery.FAIL),
-    (TOOLS, False, False, False, False, False, False, Recovery.FAIL),
-    (COMMITTED, False, True, False, True, False, False, Recovery.FAIL),
+    (True, True, True, True, True, True, Recovery.ABORT),
+    (True, False, False, False, False, False, Recovery.ABORT),
+    # stored bytes end at the sentinel: finish from them, whatever else survived
+    (False, True, False, False, False, True, Recovery.FINISH_FROM_SEGMENTS),
+    (False, True, False, True, True, True, Recovery.FINISH_FROM_SEGMENTS),
+    # a recorded give-up stands, even with the journal back in sight
+    (False, False, True, True, True, True, Recovery.FAIL),
+    (False, False, True, False, False, True, Recovery.FAIL),
+    # a living journal: attach, started or not (a crash right after the spawn)
+    (False, False, False, True, True, True, Recovery.ATTACH),
+    (False, False, False, True, True, False, Recovery.ATTACH),
+    # never started: start it
+    (False, False, False, False, False, False, Recovery.START),
+    (False, False, False, True, False, False, Recovery.START),
+    # started, and its sandbox or journal is gone: the process is lost
+    (False, False, False, False, False, True, Recovery.LOST),
+    (False, False, False, True, False, True, Recovery.LOST),
 ]
 
 
 @pytest.mark.parametrize("row", TABLE)
 def test_classify(row: tuple[object, ...]) -> None:
     *facts, action = row
-    assert classify(RecoveryFacts(*facts)) is action  # type: ignore[arg-type]
+    assert classify(RecoveryFacts(**dict(zip(FIELDS, facts, strict=True)))) is action  # type: ignore[arg-type]
 
 
-def test_never_reruns_output_that_survives() -> None:
-    """Over every combination: a present journal or complete segments never start the agent."""
-    phases = [None, BEFORE, STARTED, TOOLS, COMMITTED]
-    for phase, *flags in itertools.product(phases, *[[False, True]] * 6):
-        facts = RecoveryFacts(phase, *flags)
+def test_never_reruns_output_that_survives_nor_undoes_a_decision() -> None:
+    """Over every combination: a started process, a finished journal or a recorded
+    give-up never starts the agent again; a live journal is never given up."""
+    for flags in itertools.product([False, True], repeat=len(FIELDS)):
+        facts = RecoveryFacts(**dict(zip(FIELDS, flags, strict=True)))
         action = classify(facts)
         if facts.cancel_requested:
             assert action is Recovery.ABORT
             continue
-        if facts.journal_consumed or (facts.sandbox_alive and facts.journal_present):
-            assert action in (Recovery.FINISH_FROM_SEGMENTS, Recovery.ATTACH)
-        if facts.has_segments:
+        if facts.journal_started or facts.journal_finished or facts.loss_recorded:
             assert action is not Recovery.START
+        if facts.loss_recorded and not facts.journal_finished:
+            assert action is Recovery.FAIL
+        if facts.sandbox_alive and facts.journal_present and not facts.loss_recorded:
+            assert action in (Recovery.ATTACH, Recovery.FINISH_FROM_SEGMENTS)

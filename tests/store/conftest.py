@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from turnkeeper.store import Claim, Run, Store
+from turnkeeper.store import Claim, Run, Store, Verdict
 
 LONG_LEASE = 3600.0
 # A lease this short has expired on the database clock by the time the next
@@ -51,5 +51,5 @@ def claimed(store: Store, run_id: str, session_id: str = "s1", **kwargs: Any) ->
 
 def expire_lease(store: Store, claim: Claim) -> None:
     """Shrink the lease to a blink through the public API, then wait it out."""
-    assert store.renew_lease(claim, BLINK_LEASE)
+    assert store.renew_lease(claim, BLINK_LEASE) is Verdict.DONE
     time.sleep(0.02)

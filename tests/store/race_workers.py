@@ -8,7 +8,7 @@ from multiprocessing.synchronize import Barrier, Event
 from typing import Any
 
 from turnkeeper.errors import TranscriptConflictError
-from turnkeeper.store import Claim, NewEntry, Store
+from turnkeeper.store import Claim, NewEntry, Store, Verdict
 
 
 def _threads(count: int, target: Any, *args: Any) -> None:
@@ -63,9 +63,9 @@ def zombie(url: str, run_id: str, ready: Queue[Any], resume: Event, out: Queue[A
     with Store(url, pool_size=1) as store:
         claim = store.claim_run(run_id, "zombie", 0.3)
         assert claim is not None
-        assert store.begin_turn_slot(claim, 0, "t0", "leaf-0")
-        assert store.update_turn_phase(claim, "provider_started", journal_key="k")
-        assert store.append_segment(claim, "k", 0, b"early")
+        assert store.begin_turn_slot(claim, 0, "t0", "leaf-0") is Verdict.DONE
+        assert store.update_turn_phase(claim, "provider_started", journal_key="k") is Verdict.DONE
+        assert store.append_segment(claim, "k", 0, b"early") is Verdict.DONE
         ready.put((claim.run_id, claim.attempt_id, claim.epoch))
         resume.wait(timeout=120)
         out.put(_zombie_writes(store, claim))

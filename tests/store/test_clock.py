@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from tests.store import clock_workers
 from tests.store.conftest import admit, claimed
-from turnkeeper.store import Store, queries
+from turnkeeper.store import Store, Verdict, queries
 
 SPAWN = multiprocessing.get_context("spawn")
 HOURS = 5 * 3600.0
@@ -65,7 +65,7 @@ def test_a_reconciler_clock_hours_behind_still_takes_over_an_expired_lease(
     store: Store, database_url: str
 ) -> None:
     claim = claimed(store, "r1")
-    assert store.renew_lease(claim, 0.001)
+    assert store.renew_lease(claim, 0.001) is Verdict.DONE
     time.sleep(0.02)
     seen = _in_skewed_process(database_url, -HOURS, "reclaim", "r1")
     assert seen["client_time_skew"] < -HOURS + 60

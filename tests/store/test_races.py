@@ -11,7 +11,7 @@ from typing import Any
 
 from tests.store import race_workers
 from tests.store.conftest import admit, claimed
-from turnkeeper.store import Claim, NewEntry, Store
+from turnkeeper.store import Claim, NewEntry, Store, Verdict
 
 SPAWN = multiprocessing.get_context("spawn")
 HANG_GUARD = 120
@@ -56,8 +56,8 @@ def test_ten_reconcilers_replacing_one_attempt_get_exactly_one(
     store: Store, database_url: str
 ) -> None:
     old = claimed(store, "r1")
-    assert store.begin_turn_slot(old, 0, "t0", None)
-    assert store.renew_lease(old, 0.001)
+    assert store.begin_turn_slot(old, 0, "t0", None) is Verdict.DONE
+    assert store.renew_lease(old, 0.001) is Verdict.DONE
     time.sleep(0.02)
     barrier, out = SPAWN.Barrier(10), SPAWN.Queue()
     _run_processes(
@@ -79,7 +79,7 @@ def test_concurrent_reclaimers_take_disjoint_runs_and_miss_none(
 ) -> None:
     claims = [claimed(store, f"r{i:02}", f"s{i}") for i in range(30)]
     for claim in claims:
-        assert store.renew_lease(claim, 0.001)
+        assert store.renew_lease(claim, 0.001) is Verdict.DONE
     time.sleep(0.02)
     barrier, out = SPAWN.Barrier(6), SPAWN.Queue()
     _run_processes(
@@ -120,17 +120,18 @@ def test_the_old_owner_paused_past_its_lease_is_refused_after_takeover(
         if process.is_alive():
             os.kill(process.pid, signal.SIGCONT)  # type: ignore[arg-type]
             process.kill()
+    refused = Verdict.NOT_OWNER
     assert results == [
-        ("renew", False),
-        ("phase", False),
-        ("commit", False),
-        ("consumed", False),
-        ("segment", False),
-        ("begin", False),
-        ("sandbox", False),
+        ("renew", refused),
+        ("phase", refused),
+        ("commit", refused),
+        ("consumed", refused),
+        ("segment", refused),
+        ("begin", refused),
+        ("sandbox", refused),
         ("transcript", None),
         ("leaf", False),
-        ("settle", False),
+        ("settle", refused),
     ]
     after = (store.get_run("r1"), store.get_turn_slot("r1"), store.segments("k"))
     assert after == snapshot
@@ -179,7 +180,7 @@ def test_admission_order_within_a_session_holds_under_concurrency(store: Store) 
                 claim = store.claim_run(run.run_id, "claimer", 30)
                 if claim is not None:
                     claimed_order.append(run.seq)
-                    assert store.settle_run(claim, "completed")
+                    assert store.settle_run(claim, "completed") is Verdict.DONE
             if finished and not queued:
                 return
 

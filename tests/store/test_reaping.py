@@ -9,7 +9,7 @@ import pytest
 
 from tests.store.conftest import admit, claimed
 from turnkeeper.errors import InvalidInputError
-from turnkeeper.store import Claim, Store
+from turnkeeper.store import Claim, Store, Verdict
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -22,13 +22,13 @@ def test_runs_to_reap_lists_settled_runs_with_a_sandbox_oldest_settled_first(
     claims = {name: claimed(store, name, f"s-{name}") for name in ("a", "b", "c", "d", "e")}
     for name, claim in claims.items():
         if name != "e":  # e keeps no sandbox reference
-            assert store.record_sandbox(claim, _ref(name))
+            assert store.record_sandbox(claim, _ref(name)) is Verdict.DONE
     admit(store, "q", "s-q")  # queued: never reaped
     # Settle out of name order, a moment apart, so finished_at orders them b, d, a.
     for name, status in (("b", "completed"), ("d", "failed"), ("a", "aborted")):
-        assert store.settle_run(claims[name], status)
+        assert store.settle_run(claims[name], status) is Verdict.DONE
         time.sleep(0.01)
-    assert store.settle_run(claims["e"], "completed")
+    assert store.settle_run(claims["e"], "completed") is Verdict.DONE
     # c is still running: its sandbox must be kept.
     assert [(r.run_id, r.sandbox_ref) for r in store.runs_to_reap(10)] == [
         ("b", _ref("b")),
@@ -41,9 +41,9 @@ def test_runs_to_reap_lists_settled_runs_with_a_sandbox_oldest_settled_first(
 def test_forget_sandbox_drops_the_reference_of_settled_runs_only(store: Store) -> None:
     settled = claimed(store, "done", "s1")
     running = claimed(store, "busy", "s2")
-    assert store.record_sandbox(settled, _ref("done"))
-    assert store.record_sandbox(running, _ref("busy"))
-    assert store.settle_run(settled, "completed")
+    assert store.record_sandbox(settled, _ref("done")) is Verdict.DONE
+    assert store.record_sandbox(running, _ref("busy")) is Verdict.DONE
+    assert store.settle_run(settled, "completed") is Verdict.DONE
     assert not store.forget_sandbox("busy")  # running: refused, reference kept
     assert not store.forget_sandbox("unknown")
     assert store.get_run("busy").sandbox_ref == _ref("busy")  # type: ignore[union-attr]
@@ -61,13 +61,13 @@ def test_unsettled_sandbox_refs_are_what_the_reaper_must_keep(store: Store) -> N
     second = claimed(store, "r2", "s2")
     claimed(store, "r3", "s3")  # running without a sandbox reference
     admit(store, "q", "s4")  # queued without one
-    assert store.record_sandbox(first, _ref("r1"))
-    assert store.record_sandbox(second, _ref("r2"))
+    assert store.record_sandbox(first, _ref("r1")) is Verdict.DONE
+    assert store.record_sandbox(second, _ref("r2")) is Verdict.DONE
     assert sorted(store.unsettled_sandbox_refs(), key=str) == [_ref("r1"), _ref("r2")]
-    assert store.settle_run(first, "completed")
+    assert store.settle_run(first, "completed") is Verdict.DONE
     assert store.unsettled_sandbox_refs() == [_ref("r2")]
     # A stale attempt cannot move the reference the reaper relies on.
-    assert not store.record_sandbox(Claim("r2", "stale", 1), _ref("elsewhere"))
+    assert store.record_sandbox(Claim("r2", "stale", 1), _ref("elsewhere")) is Verdict.NOT_OWNER
     assert store.unsettled_sandbox_refs() == [_ref("r2")]
 
 

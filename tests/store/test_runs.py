@@ -15,7 +15,7 @@ from turnkeeper.errors import (
     StoreError,
     StoreUnavailableError,
 )
-from turnkeeper.store import Claim, RunStatus, Store
+from turnkeeper.store import Claim, RunStatus, Store, Verdict
 
 
 def test_admit_creates_a_queued_run_and_replays_idempotently(store: Store) -> None:
@@ -96,7 +96,7 @@ def test_claim_refuses_unknown_settled_and_non_head_runs(store: Store) -> None:
     first = store.claim_run("a1", "w", 30)
     assert first is not None
     assert store.claim_run("a2", "w", 30) is None  # a1 is running
-    assert store.settle_run(first, "completed")
+    assert store.settle_run(first, "completed") is Verdict.DONE
     assert store.claim_run("a1", "w", 30) is None  # settled
     assert store.claim_run("a2", "w", 30) is not None  # now the head
 
@@ -115,21 +115,21 @@ def test_claim_refuses_bad_arguments_before_any_sql(store: Store) -> None:
 
 def test_renew_lease_extends_from_the_database_clock_and_reports_loss(store: Store) -> None:
     claim = claimed(store, "r1")
-    assert store.renew_lease(claim, 120)
+    assert store.renew_lease(claim, 120) is Verdict.DONE
     run = store.get_run("r1")
     assert run is not None
     assert run.lease_expires_at is not None
     assert run.lease_expires_at - run.updated_at == timedelta(seconds=120)
     stale = Claim("r1", "not-the-attempt", claim.epoch)
-    assert not store.renew_lease(stale, 120)
-    assert not store.renew_lease(Claim("unknown", "x", 1), 120)
-    assert store.settle_run(claim, "completed")
-    assert not store.renew_lease(claim, 120)
+    assert store.renew_lease(stale, 120) is Verdict.NOT_OWNER
+    assert store.renew_lease(Claim("unknown", "x", 1), 120) is Verdict.NOT_OWNER
+    assert store.settle_run(claim, "completed") is Verdict.DONE
+    assert store.renew_lease(claim, 120) is Verdict.NOT_OWNER
 
 
 def test_replace_hands_an_expired_run_to_a_new_attempt(store: Store) -> None:
     claim = claimed(store, "r1")
-    assert store.begin_turn_slot(claim, 0, "t0", None)
+    assert store.begin_turn_slot(claim, 0, "t0", None) is Verdict.DONE
     assert store.replace_turn_slot_attempt("r1", claim.attempt_id, "w2", 30) is None  # fresh
     expire_lease(store, claim)
     new = store.replace_turn_slot_attempt("r1", claim.attempt_id, "w2", 30)
@@ -159,7 +159,7 @@ def test_replace_refusals(store: Store) -> None:
     assert store.replace_turn_slot_attempt("r1", "other", "w", 30, only_if_expired=False) is None
     forced = store.replace_turn_slot_attempt("r1", claim.attempt_id, "w", 30, only_if_expired=False)
     assert forced is not None
-    assert store.settle_run(forced, "failed", {"why": "x"})
+    assert store.settle_run(forced, "failed", {"why": "x"}) is Verdict.DONE
     assert (
         store.replace_turn_slot_attempt("r1", forced.attempt_id, "w", 30, only_if_expired=False)
         is None
@@ -168,9 +168,11 @@ def test_replace_refusals(store: Store) -> None:
 
 def test_settle_first_terminal_status_wins(store: Store) -> None:
     claim = claimed(store, "r1")
-    assert store.settle_run(claim, "failed", {"message": "boom"})
-    assert not store.settle_run(claim, "completed")
-    assert not store.settle_run(claim, RunStatus.ABORTED)
+    assert store.settle_run(claim, "failed", {"message": "boom"}) is Verdict.DONE
+    # A retry of that very settle was already made; any other is refused: settled.
+    assert store.settle_run(claim, "failed", {"message": "boom"}) is Verdict.WRONG_STATE
+    assert store.settle_run(claim, "completed") is Verdict.NOT_OWNER
+    assert store.settle_run(claim, RunStatus.ABORTED) is Verdict.NOT_OWNER
     run = store.get_run("r1")
     assert run is not None
     assert (run.status, run.error) == ("failed", {"message": "boom"})
@@ -179,7 +181,7 @@ def test_settle_first_terminal_status_wins(store: Store) -> None:
 
 def test_settle_refuses_stale_attempts_and_bad_statuses(store: Store) -> None:
     claim = claimed(store, "r1")
-    assert not store.settle_run(Claim("r1", "stale", 1), "completed")
+    assert store.settle_run(Claim("r1", "stale", 1), "completed") is Verdict.NOT_OWNER
     for status in ("queued", "running", "done", None):
         with pytest.raises(InvalidInputError):
             store.settle_run(claim, status)  # type: ignore[arg-type]
@@ -188,13 +190,14 @@ def test_settle_refuses_stale_attempts_and_bad_statuses(store: Store) -> None:
     with pytest.raises(InvalidInputError):
         store.settle_run(("r1", claim.attempt_id, 1), "completed")  # type: ignore[arg-type]
     assert store.get_run("r1").status == "running"  # type: ignore[union-attr]
-    assert not store.settle_run(Claim("unknown", "x", 1), "completed")
+    assert store.settle_run(Claim("unknown", "x", 1), "completed") is Verdict.NOT_OWNER
 
 
 def test_record_sandbox_is_fenced(store: Store) -> None:
     claim = claimed(store, "r1")
-    assert store.record_sandbox(claim, {"provider": "local", "path": "/tmp/x"})
-    assert not store.record_sandbox(Claim("r1", "stale", 1), {"provider": "other"})
+    assert store.record_sandbox(claim, {"provider": "local", "path": "/tmp/x"}) is Verdict.DONE
+    stale = Claim("r1", "stale", 1)
+    assert store.record_sandbox(stale, {"provider": "other"}) is Verdict.NOT_OWNER
     assert store.get_run("r1").sandbox_ref == {"provider": "local", "path": "/tmp/x"}  # type: ignore[union-attr]
     with pytest.raises(InvalidInputError):
         store.record_sandbox(claim, ["not", "a", "mapping"])  # type: ignore[arg-type]
@@ -213,7 +216,7 @@ def test_request_cancel_aborts_queued_and_flags_running(store: Store) -> None:
     assert running.cancel_requested_at is not None
     assert store.request_cancel("r1") == store.get_run("r1")  # still flagged, first time kept
     assert store.get_run("r1").cancel_requested_at == running.cancel_requested_at  # type: ignore[union-attr]
-    assert store.settle_run(claim, "aborted")
+    assert store.settle_run(claim, "aborted") is Verdict.DONE
     assert store.request_cancel("r1") is None
     assert store.request_cancel("unknown") is None
 
@@ -260,8 +263,8 @@ def test_driver_suffix_urls_are_accepted(database_url: str) -> None:
 
 def test_blink_lease_is_expired_after_the_sleep(store: Store) -> None:
     claim = claimed(store, "r1")
-    assert store.renew_lease(claim, BLINK_LEASE)
+    assert store.renew_lease(claim, BLINK_LEASE) is Verdict.DONE
     time.sleep(0.02)
     assert [r.run_id for r in store.expired_runs(10)] == ["r1"]
-    assert store.renew_lease(claim, LONG_LEASE)  # not replaced yet: still the owner
+    assert store.renew_lease(claim, LONG_LEASE) is Verdict.DONE  # not replaced: still the owner
     assert store.expired_runs(10) == []

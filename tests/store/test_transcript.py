@@ -13,7 +13,7 @@ from turnkeeper.errors import (
     SessionDeletedError,
     TranscriptConflictError,
 )
-from turnkeeper.store import Claim, NewEntry, Store
+from turnkeeper.store import Claim, NewEntry, Store, Verdict
 
 
 def _ids(store: Store, session_id: str = "s1") -> list[str]:
@@ -82,7 +82,7 @@ def test_delete_session_is_refused_while_busy_and_leaves_receipts(store: Store) 
     store.append_transcript(claim, "s1", [NewEntry("a", "u", {})], None)
     with pytest.raises(SessionBusyError):
         store.delete_session("s1")
-    assert store.settle_run(claim, "completed")
+    assert store.settle_run(claim, "completed") is Verdict.DONE
     admit(store, "r2")
     with pytest.raises(SessionBusyError):
         store.delete_session("s1")
@@ -123,7 +123,7 @@ def test_reclaim_expired_replaces_only_expired_runs_within_budget(store: Store) 
     ]
     assert store.expire_exhausted(10) == []
     assert store.get_run("fresh").status == "running"  # type: ignore[union-attr]
-    assert store.settle_run(fresh, "completed")
+    assert store.settle_run(fresh, "completed") is Verdict.DONE
 
 
 def test_queued_runs_past_their_deadline_are_failed(store: Store) -> None:
@@ -136,10 +136,10 @@ def test_stale_queued_runs_and_mark_dispatched(store: Store) -> None:
     admit(store, "q1", "s1")
     admit(store, "q2", "s2")
     claimed(store, "r", "s3")
-    time.sleep(0.02)
-    assert [r.run_id for r in store.stale_queued_runs(0.01, 10)] == ["q1", "q2"]
+    time.sleep(1.0)
+    assert [r.run_id for r in store.stale_queued_runs(0.5, 10)] == ["q1", "q2"]
     assert store.mark_dispatched("q1")
-    assert [r.run_id for r in store.stale_queued_runs(0.01, 10)] == ["q2"]
+    assert [r.run_id for r in store.stale_queued_runs(0.5, 10)] == ["q2"]
     assert [r.run_id for r in store.stale_queued_runs(3600, 10)] == []
     assert not store.mark_dispatched("r")
     assert not store.mark_dispatched("unknown")
@@ -148,10 +148,10 @@ def test_stale_queued_runs_and_mark_dispatched(store: Store) -> None:
 def test_prune_settled_deletes_segments_and_slots_in_batches(store: Store) -> None:
     claims = [claimed(store, f"r{i}", f"s{i}") for i in range(3)]
     for claim in claims:
-        assert store.begin_turn_slot(claim, 0, "t", None)
-        assert store.append_segment(claim, f"k-{claim.run_id}", 0, b"data")
-    assert store.settle_run(claims[0], "completed")
-    assert store.settle_run(claims[1], "failed")
+        assert store.begin_turn_slot(claim, 0, "t", None) is Verdict.DONE
+        assert store.append_segment(claim, f"k-{claim.run_id}", 0, b"data") is Verdict.DONE
+    assert store.settle_run(claims[0], "completed") is Verdict.DONE
+    assert store.settle_run(claims[1], "failed") is Verdict.DONE
     assert store.prune_settled(3600, 10) == 0
     time.sleep(0.02)
     assert store.prune_settled(0.01, 1) == 1

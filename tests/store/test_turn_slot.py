@@ -6,7 +6,7 @@ import pytest
 
 from tests.store.conftest import claimed, expire_lease
 from turnkeeper.errors import InvalidInputError, SegmentConflictError
-from turnkeeper.store import Claim, Segment, Store, TurnPhase
+from turnkeeper.store import Claim, Segment, Store, TurnPhase, Verdict
 
 
 def _phase(store: Store, run_id: str = "r1") -> tuple[str, int, str]:
@@ -17,15 +17,18 @@ def _phase(store: Store, run_id: str = "r1") -> tuple[str, int, str]:
 
 def test_a_full_turn_moves_forward_and_commit_is_final(store: Store) -> None:
     claim = claimed(store, "r1")
-    assert store.begin_turn_slot(claim, 0, "t0", "leaf-0")
-    assert store.update_turn_phase(claim, "provider_started", journal_key="k0")
-    assert store.update_turn_phase(
-        claim,
-        TurnPhase.TOOL_REQUEST_RECORDED,
-        tool_request={"toolCalls": [{"id": "c1"}]},
-        checkpoint_leaf_id="leaf-1",
+    assert store.begin_turn_slot(claim, 0, "t0", "leaf-0") is Verdict.DONE
+    assert store.update_turn_phase(claim, "provider_started", journal_key="k0") is Verdict.DONE
+    assert (
+        store.update_turn_phase(
+            claim,
+            TurnPhase.TOOL_REQUEST_RECORDED,
+            tool_request={"toolCalls": [{"id": "c1"}]},
+            checkpoint_leaf_id="leaf-1",
+        )
+        is Verdict.DONE
     )
-    assert store.commit_turn_slot(claim, "leaf-2")
+    assert store.commit_turn_slot(claim, "leaf-2") is Verdict.DONE
     journal = store.get_turn_slot("r1")
     assert journal is not None
     assert (
@@ -39,17 +42,17 @@ def test_a_full_turn_moves_forward_and_commit_is_final(store: Store) -> None:
         journal.committed_leaf_id,
     ) == ("committed", 4, 0, "t0", "k0", {"toolCalls": [{"id": "c1"}]}, "leaf-1", "leaf-2")
     # Every write to the committed turn is refused, also from a new attempt.
-    assert not store.commit_turn_slot(claim, "leaf-3")
-    assert not store.update_turn_phase(claim, "provider_started")
-    assert not store.mark_journal_consumed(claim, "k0")
-    assert not store.begin_turn_slot(claim, 0, "t0", None)
+    assert store.commit_turn_slot(claim, "leaf-3") is Verdict.WRONG_STATE
+    assert store.update_turn_phase(claim, "provider_started") is Verdict.WRONG_STATE
+    assert store.mark_journal_consumed(claim, "k0") is Verdict.WRONG_STATE
+    assert store.begin_turn_slot(claim, 0, "t0", None) is Verdict.WRONG_STATE
     forced = store.replace_turn_slot_attempt("r1", claim.attempt_id, "w", 30, only_if_expired=False)
     assert forced is not None
-    assert not store.commit_turn_slot(forced, "leaf-3")
-    assert not store.update_turn_phase(forced, "tool_request_recorded")
+    assert store.commit_turn_slot(forced, "leaf-3") is Verdict.WRONG_STATE
+    assert store.update_turn_phase(forced, "tool_request_recorded") is Verdict.WRONG_STATE
     assert store.get_turn_slot("r1").committed_leaf_id == "leaf-2"  # type: ignore[union-attr]
     # The next turn begins in place: reset, revision + 1.
-    assert store.begin_turn_slot(forced, 1, "t1", "leaf-2")
+    assert store.begin_turn_slot(forced, 1, "t1", "leaf-2") is Verdict.DONE
     journal = store.get_turn_slot("r1")
     assert journal is not None
     assert (
@@ -65,23 +68,27 @@ def test_a_full_turn_moves_forward_and_commit_is_final(store: Store) -> None:
 
 def test_provider_started_may_commit_directly(store: Store) -> None:
     claim = claimed(store, "r1")
-    assert store.begin_turn_slot(claim, 0, "t0", None)
-    assert not store.commit_turn_slot(claim, "x")  # before_provider cannot commit
-    assert store.update_turn_phase(claim, "provider_started")
-    assert store.commit_turn_slot(claim, "leaf")
+    assert store.begin_turn_slot(claim, 0, "t0", None) is Verdict.DONE
+    assert (
+        store.commit_turn_slot(claim, "x") is Verdict.WRONG_STATE
+    )  # before_provider cannot commit
+    assert store.update_turn_phase(claim, "provider_started") is Verdict.DONE
+    assert store.commit_turn_slot(claim, "leaf") is Verdict.DONE
     assert _phase(store)[:2] == ("committed", 3)
 
 
 def test_phases_never_move_backwards_or_skip(store: Store) -> None:
     claim = claimed(store, "r1")
-    assert not store.update_turn_phase(claim, "provider_started")  # no slot yet
-    assert store.begin_turn_slot(claim, 0, "t0", None)
-    assert not store.update_turn_phase(claim, "tool_request_recorded")  # skip
-    assert store.update_turn_phase(claim, "provider_started")
-    assert not store.update_turn_phase(claim, "provider_started")  # repeat
-    assert store.update_turn_phase(claim, "tool_request_recorded")
-    assert not store.update_turn_phase(claim, "provider_started")  # back
-    assert not store.begin_turn_slot(claim, 0, "t0-again", None)  # same turn again
+    assert store.update_turn_phase(claim, "provider_started") is Verdict.WRONG_STATE  # no slot yet
+    assert store.begin_turn_slot(claim, 0, "t0", None) is Verdict.DONE
+    assert store.update_turn_phase(claim, "tool_request_recorded") is Verdict.WRONG_STATE  # skip
+    assert store.update_turn_phase(claim, "provider_started") is Verdict.DONE
+    assert store.update_turn_phase(claim, "provider_started") is Verdict.WRONG_STATE  # repeat
+    assert store.update_turn_phase(claim, "tool_request_recorded") is Verdict.DONE
+    assert store.update_turn_phase(claim, "provider_started") is Verdict.WRONG_STATE  # back
+    assert (
+        store.begin_turn_slot(claim, 0, "t0-again", None) is Verdict.WRONG_STATE
+    )  # same turn again
     assert _phase(store)[:2] == ("tool_request_recorded", 3)
     with pytest.raises(InvalidInputError):
         store.update_turn_phase(claim, "before_provider")
@@ -98,23 +105,23 @@ def test_phases_never_move_backwards_or_skip(store: Store) -> None:
 def test_begin_is_guarded_by_the_attempt(store: Store) -> None:
     claim = claimed(store, "r1")
     stale = Claim("r1", "stale", 1)
-    assert not store.begin_turn_slot(stale, 0, "t0", None)
+    assert store.begin_turn_slot(stale, 0, "t0", None) is Verdict.NOT_OWNER
     assert store.get_turn_slot("r1") is None
-    assert store.begin_turn_slot(claim, 0, "t0", None)
-    assert not store.begin_turn_slot(stale, 5, "t5", None)
-    assert not store.begin_turn_slot(Claim("unknown", "x", 1), 0, "t0", None)
+    assert store.begin_turn_slot(claim, 0, "t0", None) is Verdict.DONE
+    assert store.begin_turn_slot(stale, 5, "t5", None) is Verdict.NOT_OWNER
+    assert store.begin_turn_slot(Claim("unknown", "x", 1), 0, "t0", None) is Verdict.NOT_OWNER
     assert _phase(store) == ("before_provider", 1, claim.attempt_id)
 
 
 def test_mark_journal_consumed_once_and_only_for_its_key(store: Store) -> None:
     claim = claimed(store, "r1")
-    assert store.begin_turn_slot(claim, 0, "t0", None)
-    assert not store.mark_journal_consumed(claim, "k0")  # no journal key yet
-    assert store.update_turn_phase(claim, "provider_started", journal_key="k0")
-    assert not store.mark_journal_consumed(claim, "other")
-    assert not store.mark_journal_consumed(Claim("r1", "stale", 1), "k0")
-    assert store.mark_journal_consumed(claim, "k0")
-    assert not store.mark_journal_consumed(claim, "k0")
+    assert store.begin_turn_slot(claim, 0, "t0", None) is Verdict.DONE
+    assert store.mark_journal_consumed(claim, "k0") is Verdict.WRONG_STATE  # no journal key yet
+    assert store.update_turn_phase(claim, "provider_started", journal_key="k0") is Verdict.DONE
+    assert store.mark_journal_consumed(claim, "other") is Verdict.WRONG_STATE
+    assert store.mark_journal_consumed(Claim("r1", "stale", 1), "k0") is Verdict.NOT_OWNER
+    assert store.mark_journal_consumed(claim, "k0") is Verdict.DONE
+    assert store.mark_journal_consumed(claim, "k0") is Verdict.WRONG_STATE
     journal = store.get_turn_slot("r1")
     assert journal is not None
     assert journal.journal_consumed_at is not None
@@ -123,31 +130,33 @@ def test_mark_journal_consumed_once_and_only_for_its_key(store: Store) -> None:
 
 def test_the_old_owner_is_refused_everything_after_a_replace(store: Store) -> None:
     old = claimed(store, "r1")
-    assert store.begin_turn_slot(old, 0, "t0", "leaf-0")
-    assert store.update_turn_phase(old, "provider_started", journal_key="k")
-    assert store.append_segment(old, "k", 0, b"abc")
+    assert store.begin_turn_slot(old, 0, "t0", "leaf-0") is Verdict.DONE
+    assert store.update_turn_phase(old, "provider_started", journal_key="k") is Verdict.DONE
+    assert store.append_segment(old, "k", 0, b"abc") is Verdict.DONE
     expire_lease(store, old)
     new = store.replace_turn_slot_attempt("r1", old.attempt_id, "w2", 30)
     assert new is not None
     before = (store.get_run("r1"), store.get_turn_slot("r1"), store.segments("k"))
-    assert not store.renew_lease(old, 30)
-    assert not store.begin_turn_slot(old, 1, "t1", None)
-    assert not store.update_turn_phase(old, "tool_request_recorded", tool_request={})
-    assert not store.commit_turn_slot(old, "leaf-x")
-    assert not store.mark_journal_consumed(old, "k")
-    assert not store.append_segment(old, "k", 3, b"zombie")
-    assert not store.record_sandbox(old, {"x": 1})
-    assert not store.settle_run(old, "completed")
+    assert store.renew_lease(old, 30) is Verdict.NOT_OWNER
+    assert store.begin_turn_slot(old, 1, "t1", None) is Verdict.NOT_OWNER
+    assert (
+        store.update_turn_phase(old, "tool_request_recorded", tool_request={}) is Verdict.NOT_OWNER
+    )
+    assert store.commit_turn_slot(old, "leaf-x") is Verdict.NOT_OWNER
+    assert store.mark_journal_consumed(old, "k") is Verdict.NOT_OWNER
+    assert store.append_segment(old, "k", 3, b"zombie") is Verdict.NOT_OWNER
+    assert store.record_sandbox(old, {"x": 1}) is Verdict.NOT_OWNER
+    assert store.settle_run(old, "completed") is Verdict.NOT_OWNER
     assert (store.get_run("r1"), store.get_turn_slot("r1"), store.segments("k")) == before
     # The new owner carries on where the slot was.
-    assert store.update_turn_phase(new, "tool_request_recorded", tool_request={})
-    assert store.append_segment(new, "k", 3, b"def")
+    assert store.update_turn_phase(new, "tool_request_recorded", tool_request={}) is Verdict.DONE
+    assert store.append_segment(new, "k", 3, b"def") is Verdict.DONE
 
 
 def test_segments_are_insert_once_contiguous_and_fenced(store: Store) -> None:
     claim = claimed(store, "r1")
-    assert store.append_segment(claim, "k", 0, b"hello ")
-    assert not store.append_segment(claim, "k", 0, b"hello ")  # exact replay
+    assert store.append_segment(claim, "k", 0, b"hello ") is Verdict.DONE
+    assert store.append_segment(claim, "k", 0, b"hello ") is Verdict.WRONG_STATE  # exact replay
     with pytest.raises(SegmentConflictError) as differs:
         store.append_segment(claim, "k", 0, b"HELLO ")
     assert differs.value.reason == "body-differs"
@@ -157,8 +166,8 @@ def test_segments_are_insert_once_contiguous_and_fenced(store: Store) -> None:
     with pytest.raises(SegmentConflictError) as overlap:
         store.append_segment(claim, "k", 3, b"lo world")
     assert overlap.value.reason == "not-contiguous"
-    assert store.append_segment(claim, "k", 6, bytearray(b"world"))
-    assert not store.append_segment(Claim("r1", "stale", 1), "k", 11, b"!")
+    assert store.append_segment(claim, "k", 6, bytearray(b"world")) is Verdict.DONE
+    assert store.append_segment(Claim("r1", "stale", 1), "k", 11, b"!") is Verdict.NOT_OWNER
     other = claimed(store, "r2", "s2")
     with pytest.raises(SegmentConflictError) as foreign:
         store.append_segment(other, "k", 11, b"!")

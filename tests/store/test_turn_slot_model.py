@@ -11,7 +11,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from turnkeeper.store import Claim, Store, TurnPhase
+from turnkeeper.store import Claim, Store, TurnPhase, Verdict
 
 PREDECESSORS = {
     "provider_started": ("before_provider",),
@@ -42,6 +42,7 @@ def test_the_journal_slot_follows_its_model(store: Store) -> None:
             self.current: Claim = claim
             self.stale: list[Claim] = [Claim(self.run_id, "never-an-attempt", 0)]
             self.running = True
+            self.settled_by: Claim | None = None
             self.slot: Slot | None = None
 
         def _pick(self, who: str, index: int) -> Claim:
@@ -50,6 +51,12 @@ def test_the_journal_slot_follows_its_model(store: Store) -> None:
         def _owner(self, claim: Claim) -> bool:
             return self.running and claim == self.current
 
+        def _verdict(self, claim: Claim, allowed: bool) -> Verdict:
+            """What the store must answer: not the owner, else made or refused for state."""
+            if not self._owner(claim):
+                return Verdict.NOT_OWNER
+            return Verdict.DONE if allowed else Verdict.WRONG_STATE
+
         @rule(
             who=st.sampled_from(["current", "current", "stale"]),
             index=st.integers(0, 5),
@@ -57,11 +64,10 @@ def test_the_journal_slot_follows_its_model(store: Store) -> None:
         )
         def begin(self, who: str, index: int, turn: int) -> None:
             claim = self._pick(who, index)
-            ok = store.begin_turn_slot(claim, turn, f"t{turn}", None)
+            verdict = store.begin_turn_slot(claim, turn, f"t{turn}", None)
             slot = self.slot
-            expected = self._owner(claim) and (slot is None or turn > slot.turn_index)
-            assert ok == expected
-            if expected:
+            assert verdict is self._verdict(claim, slot is None or turn > slot.turn_index)
+            if verdict is Verdict.DONE:
                 self.slot = Slot(
                     claim.attempt_id,
                     turn,
@@ -80,11 +86,11 @@ def test_the_journal_slot_follows_its_model(store: Store) -> None:
         )
         def move(self, who: str, index: int, phase: str, key: str | None) -> None:
             claim = self._pick(who, index)
-            ok = store.update_turn_phase(claim, phase, journal_key=key)
+            verdict = store.update_turn_phase(claim, phase, journal_key=key)
             slot = self.slot
-            expected = self._owner(claim) and slot is not None and slot.phase in PREDECESSORS[phase]
-            assert ok == expected
-            if expected:
+            allowed = slot is not None and slot.phase in PREDECESSORS[phase]
+            assert verdict is self._verdict(claim, allowed)
+            if verdict is Verdict.DONE:
                 assert slot is not None
                 self.slot = replace(
                     slot,
@@ -100,13 +106,11 @@ def test_the_journal_slot_follows_its_model(store: Store) -> None:
         )
         def commit(self, who: str, index: int, leaf: str) -> None:
             claim = self._pick(who, index)
-            ok = store.commit_turn_slot(claim, leaf)
+            verdict = store.commit_turn_slot(claim, leaf)
             slot = self.slot
-            expected = (
-                self._owner(claim) and slot is not None and slot.phase in PREDECESSORS["committed"]
-            )
-            assert ok == expected
-            if expected:
+            allowed = slot is not None and slot.phase in PREDECESSORS["committed"]
+            assert verdict is self._verdict(claim, allowed)
+            if verdict is Verdict.DONE:
                 assert slot is not None
                 self.slot = replace(
                     slot, phase="committed", revision=slot.revision + 1, committed_leaf_id=leaf
@@ -119,17 +123,16 @@ def test_the_journal_slot_follows_its_model(store: Store) -> None:
         )
         def consume(self, who: str, index: int, key: str) -> None:
             claim = self._pick(who, index)
-            ok = store.mark_journal_consumed(claim, key)
+            verdict = store.mark_journal_consumed(claim, key)
             slot = self.slot
-            expected = (
-                self._owner(claim)
-                and slot is not None
+            allowed = (
+                slot is not None
                 and slot.phase != "committed"
                 and slot.journal_key == key
                 and not slot.consumed
             )
-            assert ok == expected
-            if expected:
+            assert verdict is self._verdict(claim, allowed)
+            if verdict is Verdict.DONE:
                 assert slot is not None
                 self.slot = replace(slot, consumed=True, revision=slot.revision + 1)
 
@@ -151,9 +154,14 @@ def test_the_journal_slot_follows_its_model(store: Store) -> None:
         @rule(who=st.sampled_from(["current", "stale"]), index=st.integers(0, 5))
         def settle(self, who: str, index: int) -> None:
             claim = self._pick(who, index)
-            assert store.settle_run(claim, "completed") == self._owner(claim)
-            if claim == self.current:
+            verdict = store.settle_run(claim, "completed")
+            if claim == self.settled_by:
+                assert verdict is Verdict.WRONG_STATE  # a retry of its own settle
+            else:
+                assert verdict is self._verdict(claim, allowed=True)
+            if verdict is Verdict.DONE:
                 self.running = False
+                self.settled_by = claim
 
         @invariant()
         def slot_matches_the_model(self) -> None:

@@ -190,7 +190,7 @@ def _takeover_line(takeover: Takeover) -> Text:
 def _report(
     client: Client, run_id: str, received: list[tuple[int, Chunk]], takeover: Takeover
 ) -> bool:
-    deadline = time.monotonic() + 30  # the log closes just before the run is settled
+    deadline = time.monotonic() + 30  # a hang guard: the stream closed, the run is settled
     run = client.require(run_id)
     while not run.status.is_terminal and time.monotonic() < deadline:
         time.sleep(0.1)

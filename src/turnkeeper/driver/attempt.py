@@ -1,55 +1,57 @@
-"""One attempt's drive of a run: fresh, or taken over from a dead or frozen owner.
+"""One attempt's drive of a run: a fresh turn, or the takeover of a run whose owner
+died or froze.
 
-The output of a run is a pure function of its journals' bytes: ``RUN_STARTED``,
-then for each agent process in order its translated lines (an interrupted one
-followed by its interruption marks), then the closing chunks and ``RUN_FINISHED``
-or ``RUN_ERROR``. A fresh attempt produces it live; a successor reproduces it
-from byte 0 (from the living journal, or from the Postgres segments when the
-sandbox is gone) and the aligner suppresses what clients already have.
+The output of a run is a pure function of what Postgres holds (``replay``): a
+fresh attempt produces it live; a successor reproduces it from byte 0 (from the
+living journal, or from the segments when the sandbox is gone) and the aligner
+suppresses what clients already have. The takeover path, in reading order:
+``reconciler.reconcile`` hands the run over; ``take_over`` below adopts it and
+fences the log; ``Attempt.drive`` classifies what survived and replays it
+(``replay``); ``RunOutput.emit`` aligns it (``log.alignment``) and appends the rest.
+
+An agent process that is lost (its sandbox gone, dead without a sentinel, never
+started) is given up, and the run goes on in a new process when the agent can
+continue, at most ``max_continuations`` times, in a loop.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
 from turnkeeper.agents.spec import AgentSpec
-from turnkeeper.agents.translator import translator_for
 from turnkeeper.chunks import Chunk
 from turnkeeper.driver import lifecycle
 from turnkeeper.driver.feed import JournalFeed
-from turnkeeper.driver.output import RunOutput, end_log
+from turnkeeper.driver.output import LEASE_RENEWALS, RunOutput, end_log
+from turnkeeper.driver.ownership import Ownership
+from turnkeeper.driver.placement import PlacedJournal, Placement, Placer
 from turnkeeper.driver.record import TurnRecorder
 from turnkeeper.driver.recovery import Recovery, RecoveryFacts, classify
+from turnkeeper.driver.replay import (
+    Line,
+    Replay,
+    StoredJournal,
+    batches,
+    stored_exit,
+    with_newlines,
+)
 from turnkeeper.driver.resilience import resilient
 from turnkeeper.errors import (
     AgentVanishedError,
     JournalError,
-    JournalExistsError,
     JournalStalledError,
     OwnershipLostError,
+    RecoveryError,
     SandboxError,
+    ServiceError,
     TurnkeeperError,
 )
-from turnkeeper.sandbox import (
-    AgentCommand,
-    JournalHandle,
-    JournalPaths,
-    JournalReader,
-    Sandbox,
-    SandboxRef,
-    SandboxSpec,
-    exit_sentinel_line,
-    new_nonce,
-    spawn_journaled,
-    stderr_tail,
-)
-from turnkeeper.sandbox.journal import exists_argv, parse_sentinel
-from turnkeeper.sandbox.lines import LineSplitter
-from turnkeeper.store.records import Claim, Run, RunStatus
+from turnkeeper.sandbox import AgentCommand, JournalReader, Sandbox, SandboxSpec, stderr_tail
+from turnkeeper.store.records import Claim, Run, RunStatus, Verdict
 from turnkeeper.workers.failpoints import failpoint
 from turnkeeper.workers.lease import LeaseKeeper
 from turnkeeper.workers.runtime import WorkerRuntime
@@ -57,61 +59,144 @@ from turnkeeper.workers.runtime import WorkerRuntime
 log = structlog.get_logger(__name__)
 
 _WAKE = 0.25
-Line = tuple[bytes, int]
+_REPLAY_BATCH = 512
 _DEADLINE = "the run passed its deadline"
 _MEMORY_LIMIT = "the agent passed its memory limit and was killed"
 KILLED = 128 + 9  # the exit status of a process killed by SIGKILL (the OOM killer's signal)
-_SANDBOX_LOST = "the sandbox was lost mid-run and this agent cannot continue"
-_JOURNAL_FAILURES = {
+_LOST = {
     "agent-vanished": "the agent process ended without an exit sentinel",
     "journal-stalled": "the agent wrote nothing to its journal in time",
-    "sandbox-lost": _SANDBOX_LOST,
+    "sandbox-lost": "the sandbox was lost mid-run and this agent cannot continue",
 }
 
 
-@dataclass
-class Placement:
-    """Where a run's agent processes live: its sandbox and each process's journal, in order."""
+# --- entry: a fresh claim, or a takeover ----------------------------------------------
 
-    sandbox: SandboxRef | None = None
-    journals: list[JournalHandle] = field(default_factory=list)
 
-    @classmethod
-    def of(cls, run: Run) -> Placement:
-        data = run.sandbox_ref or {}
-        sandbox = data.get("sandbox")
-        return cls(
-            sandbox=SandboxRef.from_dict(sandbox) if sandbox else None,
-            journals=[JournalHandle.from_dict(j) for j in data.get("journals", [])],
-        )
+def run_turn(runtime: WorkerRuntime, run_id: str) -> bool:
+    """Claim a queued run and drive it; False when it was not ours to claim."""
+    claim = runtime.store.claim_run(run_id, runtime.owner, runtime.settings.lease_ttl)
+    if claim is None:
+        log.info("run.claim_skipped", run_id=run_id)
+        return False
+    _own(runtime, claim, fresh=True)
+    return True
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "sandbox": self.sandbox.to_dict() if self.sandbox else None,
-            "journals": [j.to_dict() for j in self.journals],
-        }
+
+def take_over(runtime: WorkerRuntime, run_id: str, attempt_id: str, epoch: int) -> bool:
+    """Drive a run handed to ``attempt_id`` by the reconciler; False when that is stale."""
+    run = runtime.store.get_run(run_id)
+    if run is None or run.status is not RunStatus.RUNNING or run.attempt_id != attempt_id:
+        log.info("takeover.stale", run_id=run_id, attempt_id=attempt_id, epoch=epoch)
+        return False
+    _own(runtime, Claim(run_id, attempt_id, epoch), fresh=False)
+    return True
+
+
+def _own(runtime: WorkerRuntime, claim: Claim, *, fresh: bool) -> None:
+    settings = runtime.settings
+    bound = log.bind(run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
+    keeper = LeaseKeeper(
+        runtime.store,
+        claim,
+        lease_ttl=settings.lease_ttl,
+        interval=settings.heartbeat_interval,
+        on_renewed=lambda: runtime.log.count(LEASE_RENEWALS),
+    ).start()
+    ownership = Ownership(runtime.store, claim, keeper.lost, settings.lease_ttl)
+    try:
+        # From here on, every append of an earlier attempt is refused by Redis itself.
+        stored_epoch = runtime.log.fence(claim.run_id, claim.epoch)
+        run = runtime.store.get_run(claim.run_id)
+        if stored_epoch > claim.epoch or run is None or run.attempt_id != claim.attempt_id:
+            bound.info("takeover.superseded", stored_epoch=stored_epoch)
+            return
+        Attempt(runtime, claim, run, keeper, ownership).drive(fresh=fresh)
+    except OwnershipLostError as exc:
+        # Expected when a successor took over: stop writing, leave the sandbox to it.
+        bound.info("attempt.stopped", reason=exc.reason)
+    except ServiceError:
+        raise  # retries ran out: the lease will expire and a successor takes over
+    except TurnkeeperError as exc:
+        if not ownership.held():
+            bound.info("attempt.stopped", reason="lease-lost", error=str(exc))
+            return
+        _fail(runtime, claim, exc)
+    finally:
+        keeper.stop()
+
+
+def _fail(runtime: WorkerRuntime, claim: Claim, exc: TurnkeeperError) -> None:
+    """A failure that a successor could not fix (a diverged replay, a bad agent spec):
+    settle the run failed, then end the log with the reason."""
+    reason = exc.reason or type(exc).__name__
+    bound = log.bind(run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
+    bound.error("run.failed", reason=reason, error=str(exc))
+    error = {"reason": reason, "message": exc.message}
+    if runtime.store.settle_run(claim, RunStatus.FAILED, error) is Verdict.NOT_OWNER:
+        bound.info("attempt.stopped", reason="store-fenced")
+        return
+    end_log(runtime.log, claim.run_id, claim.epoch, lifecycle.run_error(exc.message, reason))
+
+
+# --- how an agent process's journal ended ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Exited:
+    """The journal ended at its sentinel: the agent exited with ``exit_code``."""
+
+    journal: PlacedJournal
+    exit_code: int
+    sentinel_end: int
+    sandbox: Sandbox | None
+
+
+@dataclass(frozen=True)
+class Lost:
+    """The agent process is lost (``reason``): give it up, then continue or fail."""
+
+    reason: str
+
+
+Ending = Exited | Lost | None
+"""None: the run was settled on the way (cancelled, past its deadline)."""
 
 
 class Attempt:
-    def __init__(self, runtime: WorkerRuntime, claim: Claim, run: Run, keeper: LeaseKeeper) -> None:
-        self.rt = runtime
-        self.store = resilient(runtime.store, runtime.settings.lease_ttl)
-        self.run_log = resilient(runtime.log, runtime.settings.lease_ttl)
+    def __init__(
+        self,
+        runtime: WorkerRuntime,
+        claim: Claim,
+        run: Run,
+        keeper: LeaseKeeper,
+        ownership: Ownership,
+    ) -> None:
+        self.settings = runtime.settings
+        budget = self.settings.lease_ttl
+        self.store = resilient(runtime.store, budget)
+        self.run_log = resilient(runtime.log, budget)
         self.claim = claim
         self.run = run
         self.keeper = keeper
-        self.settings = runtime.settings
+        self.ownership = ownership
         payload = run.payload if isinstance(run.payload, dict) else {}
         self.prompt = str(payload.get("prompt", ""))
         self.spec = AgentSpec.from_payload(payload.get("agent", "scripted"))
-        self.provider = runtime.provider_to_run(payload.get("provider"))
-        self.translator = translator_for(self.spec.format, claim.run_id)
+        self.replay = Replay(claim.run_id, run.session_id, self.spec.format)
         self.slot = self.store.get_turn_slot(claim.run_id)
-        self.recorder = TurnRecorder(self.store, claim, run.session_id, keeper.lost, self.slot)
+        self.recorder = TurnRecorder(self.store, claim, run.session_id, ownership, self.slot)
         self.output = RunOutput(
-            self.store, self.run_log, claim, keeper.lost, self.run_log.snapshot(claim.run_id)
+            self.store, self.run_log, claim, ownership, self.run_log.snapshot(claim.run_id)
         )
-        self.placement = Placement.of(run)
+        self.place = Placer(
+            runtime.provider_to_run(payload.get("provider")),
+            self.store,
+            ownership,
+            claim,
+            Placement.of(run),
+            spec=SandboxSpec(journal_max_bytes=self.settings.journal_max_bytes),
+        )
         self._log = log.bind(run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
 
     # --- entry ------------------------------------------------------------------------
@@ -122,99 +207,134 @@ class Attempt:
         else:
             action = classify(self._facts())
             self._log.info("takeover.classified", action=action.value)
-        if action is Recovery.ABORT:
-            self._abort()
-            return
-        self._emit([lifecycle.run_started(self.claim.run_id, self.run.session_id)])
+        self._emit(self.replay.started())
         self.recorder.record_input(self.prompt)
-        steps: dict[Recovery, Callable[[], None]] = {
+        steps: dict[Recovery, Callable[[], Ending]] = {
+            Recovery.ABORT: self._abort_at_takeover,
             Recovery.START: self._start,
             Recovery.ATTACH: self._attach,
             Recovery.FINISH_FROM_SEGMENTS: self._finish_from_segments,
-            Recovery.CONTINUE: self._continue,
-            Recovery.FAIL: self._fail_lost,
+            Recovery.LOST: self._lost_at_takeover,
+            Recovery.FAIL: self._fail_at_takeover,
         }
-        steps[action]()
+        ending = steps[action]()
+        while isinstance(ending, Lost):
+            ending = self._give_up(ending.reason)
+        if isinstance(ending, Exited):
+            self._finish(ending)
 
     def _facts(self) -> RecoveryFacts:
-        sandbox = self._resume()
-        last = self.placement.journals[-1] if self.placement.journals else None
-        journal_present = bool(
-            sandbox is not None and last is not None and _journal_exists(sandbox, last.paths)
-        )
+        sandbox = self.place.resume()
+        last = self.place.placement.last
         return RecoveryFacts(
-            phase=self.slot.phase if self.slot else None,
-            journal_consumed=bool(self.slot and self.slot.journal_consumed_at),
-            sandbox_alive=sandbox is not None,
-            journal_present=journal_present,
-            has_segments=any(
-                self.output.stored_end(j.journal_key) for j in self.placement.journals
-            ),
-            can_continue=self.spec.can_continue,
             cancel_requested=self.run.cancel_requested_at is not None,
+            journal_finished=last is not None
+            and stored_exit(self.store, last.journal_key, self.place.nonce(last)) is not None,
+            loss_recorded=last is not None and last.lost is not None,
+            sandbox_alive=sandbox is not None,
+            journal_present=sandbox is not None
+            and last is not None
+            and self.place.journal_exists(sandbox, last),
+            journal_started=last is not None
+            and (
+                self.output.stored_end(last.journal_key) > 0
+                or (self.slot is not None and self.slot.journal_key == last.journal_key)
+            ),
         )
 
     # --- the recovery actions ----------------------------------------------------------
 
-    def _start(self) -> None:
+    def _start(self) -> Ending:
         """Spawn the agent (reusing a journal recorded but never started)."""
-        sandbox = self._resume() or self._create_sandbox()
-        last = self.placement.journals[-1] if self.placement.journals else None
-        if (
+        sandbox = self.place.resume_or_create()
+        journals = self.place.journals
+        last = journals[-1] if journals else None
+        reuse = (
             last is not None
-            and last.ref.id == sandbox.ref.id
-            and not _journal_exists(sandbox, last.paths)
+            and last.lost is None
+            and last.handle.ref.id == sandbox.ref.id
+            and not self.place.journal_exists(sandbox, last)
             and not self.output.stored_end(last.journal_key)
-        ):
-            handle = last
-            self._replay_previous(self.placement.journals[:-1])
-        else:
-            self._replay_previous(self.placement.journals)
-            handle = self._new_journal(sandbox)
-        self._spawn(sandbox, handle, self.spec.start_command())
-
-    def _attach(self) -> None:
-        sandbox = self._resume()
-        assert sandbox is not None  # noqa: S101 - the classifier saw it alive
-        *previous, current = self.placement.journals
-        self._replay_previous(previous)
-        self.recorder.provider_started(current.journal_key)
-        self._follow(sandbox, current)
-
-    def _finish_from_segments(self) -> None:
-        *previous, last = self.placement.journals
-        self._replay_previous(previous)
-        lines = self._segment_lines(last)
-        exit_code = None
-        if lines:
-            exit_code = parse_sentinel(lines[-1][0], last.nonce)
-        if exit_code is None:
-            self._fail_lost()  # consumed yet no sentinel: the segments are not whole
-            return
-        self._consume(last, lines[:-1], store_bytes=False)
-        self._finish(last, exit_code, lines[-1][1], sandbox=None)
-
-    def _continue(self) -> None:
-        """Keep what was captured, mark the interruption, continue in a new process."""
-        self._replay_previous(self.placement.journals)
-        self._spawn_continuation()
-
-    def _spawn_continuation(self) -> None:
-        sandbox = self._resume() or self._create_sandbox()
-        handle = self._new_journal(sandbox)
-        command = self.spec.continuation_command(
-            session_id=self.translator.session_id,
-            start_turn=self.recorder.tracker.turns_completed,
         )
-        self._log.info("run.continuing", journal=len(self.placement.journals))
-        self._spawn(sandbox, handle, command)
+        self._replay_stored(len(journals) - 1 if reuse else len(journals))
+        command = self._command()
+        journal = last if reuse and last is not None else self.place.new_journal(sandbox)
+        return self._spawn(sandbox, journal, command)
 
-    def _fail_lost(self) -> None:
-        self._replay_previous(self.placement.journals)
+    def _attach(self) -> Ending:
+        sandbox = self.place.resume()
+        if sandbox is None:
+            raise RecoveryError("the sandbox vanished during the takeover", reason="sandbox-lost")
+        *previous, current = self.place.journals
+        self._replay_stored(len(previous))
+        self.recorder.provider_started(current.journal_key)
+        return self._follow(sandbox, current)
+
+    def _finish_from_segments(self) -> Ending:
+        """The journal's bytes all made it to the segments: replay them, run nothing."""
+        journals = self.place.journals
+        self._replay_stored(len(journals) - 1)
+        last = journals[-1]
+        stored = StoredJournal(self.store, last.journal_key, self.place.nonce(last))
+        self._emit_replayed(stored)
+        if stored.exit_code is None or stored.end is None:
+            raise RecoveryError("the stored journal lost its sentinel", reason="no-sentinel")
+        return Exited(last, stored.exit_code, stored.end, sandbox=None)
+
+    def _lost_at_takeover(self) -> Ending:
+        """The current process's sandbox or journal is gone: keep what was captured."""
+        self._replay_stored(len(self.place.journals))
+        return Lost("sandbox-lost")
+
+    def _fail_at_takeover(self) -> Ending:
+        """A predecessor gave the process up and decided not to continue: finish that."""
+        journals = self.place.journals
+        self._replay_stored(len(journals))
+        reason = journals[-1].lost
+        assert reason is not None  # noqa: S101 - classified as a recorded loss
+        self._fail_lost(reason)
+        return None
+
+    def _abort_at_takeover(self) -> Ending:
+        self._replay_stored(len(self.place.journals))
+        self._abort()
+        return None
+
+    def _give_up(self, reason: str) -> Ending:
+        """The current agent process is lost: record that (and the process that continues
+        the run, when the agent can and the cap allows), then mark the interruption."""
+        journals = self.place.journals
+        index = len(journals) - 1
+        self._log.warning("journal.lost", reason=reason, journal=index)
+        if reason == "journal-stalled":
+            self.place.disarm(journals[index])
+        go_on = (
+            self.spec.can_continue
+            and self.place.placement.continuations < self.settings.max_continuations
+        )
+        sandbox = self.place.resume_or_create() if go_on else None
+        journal = self.place.give_up(reason, continue_in=sandbox)
+        self._interrupt(index)
+        if sandbox is None or journal is None:
+            self._fail_lost(reason)
+            return None
+        self._log.info("run.continuing", journal=index + 1)
+        return self._spawn(sandbox, journal, self._command())
+
+    def _fail_lost(self, reason: str) -> None:
+        if self.spec.can_continue:
+            code = "continuations-exhausted"
+            message = (
+                f"the agent process was lost ({reason}) after "
+                f"{self.place.placement.continuations} continuation(s), the most "
+                "TURNKEEPER_MAX_CONTINUATIONS allows"
+            )
+        else:
+            code, message = reason, _LOST[reason]
         self._close_with(
-            lifecycle.run_error(_SANDBOX_LOST, "sandbox-lost"),
+            lifecycle.run_error(message, code),
             RunStatus.FAILED,
-            {"reason": "sandbox-lost"},
+            {"reason": code, "message": message},
         )
 
     def _abort(
@@ -223,37 +343,36 @@ class Attempt:
         status: RunStatus = RunStatus.ABORTED,
         error: Any = None,
     ) -> None:
-        """Stop the agent, end the log with one final chunk, settle: a cancel by default,
+        """Stop the agent, settle, end the log with one final chunk: a cancel by default,
         or a deadline passed."""
-        if self.placement.sandbox is not None:
-            self.provider.destroy(self.placement.sandbox)
-        self.output.check_ownership()
-        end_log(self.run_log, self.claim.run_id, self.claim.epoch, final or lifecycle.cancelled())
-        self._settle(status, error or {"reason": "cancelled"})
+        self.place.destroy()
+        self.ownership.check()
+        final = final or lifecycle.cancelled()
+        self._settle(status, error or {"reason": "cancelled", "message": final["message"]})
+        end_log(self.run_log, self.claim.run_id, self.claim.epoch, final)
 
     # --- journals ---------------------------------------------------------------------
 
-    def _spawn(self, sandbox: Sandbox, handle: JournalHandle, command: AgentCommand) -> None:
-        failpoint(self.settings, "before-spawn", self.claim.run_id)
-        try:
-            spawn_journaled(
-                sandbox,
-                self.claim.run_id,
-                command,
-                prompt=self.prompt.encode(),
-                process=handle.paths.process,
-                nonce=handle.nonce,
+    def _command(self) -> AgentCommand:
+        """The next agent process's command: a continuation once one was given up."""
+        if any(journal.lost is not None for journal in self.place.journals):
+            return self.spec.continuation_command(
+                session_id=self.replay.agent_session_id,
+                start_turn=self.replay.turns_completed,
             )
-        except JournalExistsError:
-            self._log.info("journal.already_started", journal=handle.paths.process)
-        self.recorder.provider_started(handle.journal_key)
-        self._follow(sandbox, handle)
+        return self.spec.start_command()
 
-    def _follow(self, sandbox: Sandbox, handle: JournalHandle) -> None:
+    def _spawn(self, sandbox: Sandbox, journal: PlacedJournal, command: AgentCommand) -> Ending:
+        failpoint(self.settings, "before-spawn", self.claim.run_id)
+        self.place.spawn(sandbox, journal, command, self.prompt.encode())
+        self.recorder.provider_started(journal.journal_key)
+        return self._follow(sandbox, journal)
+
+    def _follow(self, sandbox: Sandbox, journal: PlacedJournal) -> Ending:
         reader = JournalReader(
             sandbox,
-            handle.paths,
-            nonce=handle.nonce,
+            journal.handle.paths,
+            nonce=self.place.nonce(journal),
             poll_interval=self.settings.journal_poll_interval,
             first_byte_timeout=self.settings.journal_stall_timeout,
             max_bytes=self.settings.journal_max_bytes,
@@ -264,83 +383,56 @@ class Attempt:
                 if self.keeper.cancelled.is_set():
                     feed.stop()
                     self._abort()
-                    return
+                    return None
                 if self.keeper.past_deadline.is_set():
                     feed.stop()
-                    reason = {"reason": "deadline-exceeded", "message": _DEADLINE}
-                    self._abort(
-                        lifecycle.run_error(_DEADLINE, "deadline-exceeded"),
-                        RunStatus.FAILED,
-                        reason,
-                    )
-                    return
-                self.output.check_ownership()
+                    error = {"reason": "deadline-exceeded", "message": _DEADLINE}
+                    final = lifecycle.run_error(_DEADLINE, "deadline-exceeded")
+                    self._abort(final, RunStatus.FAILED, error)
+                    return None
+                self.ownership.check()
                 batch = feed.next_batch(_WAKE)
                 if batch is None:
                     continue
                 if batch.lines:
-                    self._consume(handle, batch.lines)
+                    self._consume(journal, batch.lines)
                 if not batch.ended:
                     continue
                 if batch.error is not None:
-                    self._journal_failed(batch.error)
-                    return
+                    return Lost(self._loss_reason(batch.error))
                 assert batch.exit_code is not None  # noqa: S101 - the reader ended at a sentinel
                 assert batch.end_position is not None  # noqa: S101 - set with the exit code
-                self._finish(handle, batch.exit_code, batch.end_position, sandbox)
-                return
+                return Exited(journal, batch.exit_code, batch.end_position, sandbox)
         finally:
             feed.stop()
 
-    def _journal_failed(self, error: BaseException) -> None:
-        """The agent died without a sentinel, never wrote, or its sandbox is gone:
-        continue in a new process when the agent can, else fail the run."""
+    def _loss_reason(self, error: BaseException) -> str:
+        """Why a journal read ended without a sentinel, when that means the agent
+        process is lost; any other error is raised."""
         if isinstance(error, JournalStalledError):
-            reason = "journal-stalled"
-        elif isinstance(error, AgentVanishedError):
-            reason = "agent-vanished"
-        elif isinstance(error, SandboxError | JournalError) and self._resume() is None:
-            reason = "sandbox-lost"
-        else:
-            raise error
-        self._log.warning("journal.lost", reason=reason, error=str(error))
-        if reason == "journal-stalled":
-            self._disarm(self.placement.journals[-1])
-        self._interrupt(len(self.placement.journals) - 1)
-        if self.spec.can_continue:
-            self._spawn_continuation()
-            return
-        self._close_with(
-            lifecycle.run_error(_JOURNAL_FAILURES[reason], reason),
-            RunStatus.FAILED,
-            {"reason": reason},
-        )
+            return "journal-stalled"
+        if isinstance(error, AgentVanishedError):
+            return "agent-vanished"
+        if isinstance(error, SandboxError | JournalError) and self.place.resume() is None:
+            return "sandbox-lost"
+        raise error
 
-    def _disarm(self, handle: JournalHandle) -> None:
-        """A writer that never started must never start later (a frozen predecessor may
-        still be about to launch it): without its nonce file it exits before the agent."""
-        sandbox = self._resume()
-        if sandbox is not None:
-            sandbox.exec(["rm", "-f", "--", handle.paths.nonce_file], timeout=30)
-
-    def _finish(
-        self, handle: JournalHandle, exit_code: int, sentinel_end: int, sandbox: Sandbox | None
-    ) -> None:
+    def _finish(self, ending: Exited) -> None:
         """At the sentinel: all bytes stored, the last turn committed, log closed, settled."""
+        journal, exit_code = ending.journal, ending.exit_code
         failpoint(self.settings, "after-sentinel", self.claim.run_id)
-        sentinel = exit_sentinel_line(exit_code, handle.nonce)
+        sentinel = self.place.sentinel(journal, exit_code)
         # At its own offset, so that bytes a predecessor stored are never stored twice.
-        self.output.write_bytes(handle.journal_key, sentinel_end - len(sentinel), sentinel)
+        self.output.write_bytes(journal.journal_key, ending.sentinel_end - len(sentinel), sentinel)
         failpoint(self.settings, "sentinel-stored", self.claim.run_id)
-        self.recorder.mark_consumed(handle.journal_key)
-        closing = self.translator.finish()
-        self._emit(closing)
+        self.recorder.mark_consumed(journal.journal_key)
+        self._emit(self.replay.closing())
         self.recorder.commit_turn()
-        failure = lifecycle.exit_failure(exit_code, self.translator.failure)
+        failure = lifecycle.exit_failure(exit_code, self.replay.agent_failure)
         error = None
         if failure is not None:
-            stderr = stderr_tail(sandbox, handle.paths) if sandbox else b""
-            limits = _limits_hit(sandbox)
+            stderr = stderr_tail(ending.sandbox, journal.handle.paths) if ending.sandbox else b""
+            limits = _limits_hit(ending.sandbox)
             if exit_code == KILLED and limits.get("memory_kills"):
                 failure = lifecycle.run_error(_MEMORY_LIMIT, "memory-limit")
             error = {
@@ -357,111 +449,57 @@ class Attempt:
         )
 
     def _close_with(self, final: Chunk, status: RunStatus, error: Any) -> None:
+        """Settle, then append the final chunk and close the log: the status is in
+        Postgres before any client sees the run end."""
+        self.output.check_aligned()
+        settled = self._settle(status, error)
         self.output.emit([final])
         self.output.close()
-        if self._settle(status, error) and self.placement.sandbox is not None:
+        if settled:
             try:
-                self.provider.destroy(self.placement.sandbox)
+                self.place.destroy()
             except TurnkeeperError as exc:  # the reaper retries; the run is settled
                 self._log.warning("sandbox.destroy_failed", error=str(exc))
 
     def _settle(self, status: RunStatus, error: Any) -> bool:
-        settled = self.store.settle_run(self.claim, status, error)
-        if not settled:
-            current = self.store.get_run(self.claim.run_id)
-            if current is None or current.attempt_id != self.claim.attempt_id:
-                raise OwnershipLostError(
-                    "settle refused: another attempt owns the run",
-                    run_id=self.claim.run_id,
-                    attempt_id=self.claim.attempt_id,
-                    epoch=self.claim.epoch,
-                    reason="store-fenced",
-                )
+        settled = self.ownership.confirm(self.store.settle_run(self.claim, status, error))
         self._log.info("run.finished", status=status.value, settled=settled)
         return settled
 
     # --- replay -----------------------------------------------------------------------
 
-    def _replay_previous(self, journals: Iterable[JournalHandle]) -> None:
-        """Re-produce the output of interrupted agent processes from their stored bytes."""
-        for index, handle in enumerate(journals):
-            self._consume(handle, self._segment_lines(handle), store_bytes=False)
-            self._interrupt(index)
+    def _replay_stored(self, count: int) -> None:
+        """Re-produce the output of the first ``count`` agent processes from their
+        stored bytes, each given-up one followed by its interruption marks."""
+        for index, journal in enumerate(self.place.journals[:count]):
+            self._emit_replayed(
+                StoredJournal(self.store, journal.journal_key, self.place.nonce(journal))
+            )
+            if journal.lost is not None:
+                self._interrupt(index)
+
+    def _emit_replayed(self, lines: Iterable[Line]) -> None:
+        for batch in batches(lines, _REPLAY_BATCH):
+            self._emit(self.replay.lines(with_newlines(batch)))
 
     def _interrupt(self, journal_index: int) -> None:
         """Close what the lost process left open, mark the cut, and answer every tool call
         it made, those whose input it was still streaming included (closed just now)."""
         self.recorder.interrupt()
-        marks = self.translator.finish()
-        closed = {c["toolCallId"] for c in marks if c["type"] == "TOOL_CALL_END"}
-        unanswered = sorted(closed.union(self.recorder.pending_tool_calls))
-        marks.append(lifecycle.interrupted(journal_index))
-        marks.extend(lifecycle.outcome_unknown(c) for c in unanswered)
-        self._emit(marks)
+        self._emit(self.replay.interrupted(journal_index))
         self.recorder.close_interrupted_turn()
 
-    def _segment_lines(self, handle: JournalHandle) -> list[Line]:
-        splitter = LineSplitter(0)
-        lines: list[Line] = []
-        for segment in self.store.segments(handle.journal_key):
-            lines.extend(splitter.feed(segment.body))
-        return lines
-
-    def _consume(
-        self, handle: JournalHandle, lines: list[Line], *, store_bytes: bool = True
-    ) -> None:
+    def _consume(self, journal: PlacedJournal, lines: list[Line]) -> None:
         """Journal lines to segments (first), then chunks to the log and the transcript."""
-        if not lines:
-            return
-        # Readers hand out lines without their newline; the journal (and so the segments
-        # and the text translator) holds them with it.
-        raw = [line + b"\n" for line, _ in lines]
-        if store_bytes:
-            start = lines[0][1] - len(raw[0])
-            self.output.write_bytes(handle.journal_key, start, b"".join(raw))
-        chunks: list[Chunk] = []
-        for line in raw:
-            chunks.extend(self.translator.feed(line))
-        self._emit(chunks)
+        raw = with_newlines(lines)
+        start = lines[0][1] - len(raw[0])
+        self.output.write_bytes(journal.journal_key, start, b"".join(raw))
+        self._emit(self.replay.lines(raw))
 
     def _emit(self, chunks: list[Chunk]) -> None:
         if chunks:
             self.output.emit(chunks)
             self.recorder.observe(chunks)
-
-    # --- sandboxes --------------------------------------------------------------------
-
-    def _resume(self) -> Sandbox | None:
-        ref = self.placement.sandbox
-        return None if ref is None else self.provider.resume(ref)
-
-    def _create_sandbox(self) -> Sandbox:
-        spec = SandboxSpec(journal_max_bytes=self.settings.journal_max_bytes)
-        ref = self.provider.create(self.claim.run_id, spec)
-        # Recorded with the first journal, before anything runs in it; a crash before
-        # that leaves an empty orphan for the reaper.
-        self.placement = Placement(ref, list(self.placement.journals))
-        sandbox = self.provider.resume(ref)
-        assert sandbox is not None  # noqa: S101 - just created
-        return sandbox
-
-    def _new_journal(self, sandbox: Sandbox) -> JournalHandle:
-        """The next agent process's journal, recorded before the process starts."""
-        process = 1 + sum(1 for j in self.placement.journals if j.ref.id == sandbox.ref.id)
-        handle = JournalHandle(
-            sandbox.ref,
-            JournalPaths(sandbox.ref.journal_dir, self.claim.run_id, process),
-            new_nonce(),  # recorded before the process starts: a successor reads it here
-        )
-        self.placement.journals.append(handle)
-        self._record_placement()
-        return handle
-
-    def _record_placement(self) -> None:
-        self.output.check_ownership()
-        if not self.store.record_sandbox(self.claim, self.placement.to_dict()):
-            self.keeper.lost.set()
-            self.output.check_ownership()
 
 
 def _limits_hit(sandbox: Sandbox | None) -> dict[str, int]:
@@ -469,7 +507,3 @@ def _limits_hit(sandbox: Sandbox | None) -> dict[str, int]:
     events = sandbox.limit_events() if sandbox is not None else {}
     hits = {"memory_kills": events.get("oom_kill", 0), "pid_limit_hits": events.get("max", 0)}
     return hits if any(hits.values()) else {}
-
-
-def _journal_exists(sandbox: Sandbox, paths: JournalPaths) -> bool:
-    return sandbox.exec(exists_argv(paths), timeout=30).exit_code == 0

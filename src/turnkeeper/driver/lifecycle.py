@@ -8,7 +8,10 @@ differ between the first writer and a successor.
 
 from __future__ import annotations
 
+from typing import Any
+
 from turnkeeper.chunks import Chunk
+from turnkeeper.store.records import Run, RunStatus
 
 INTERRUPTED = "turnkeeper.interrupted"
 OUTCOME_UNKNOWN = "outcome unknown: the sandbox running this tool was lost before it answered"
@@ -24,6 +27,16 @@ def run_finished(run_id: str, session_id: str) -> Chunk:
 
 def run_error(message: str, code: str) -> Chunk:
     return {"type": "RUN_ERROR", "message": message, "code": code}
+
+
+def final_chunk(run: Run) -> Chunk:
+    """The last chunk of a settled run, from its status and error: every ending
+    settles the run with the reason and message its final chunk carries."""
+    if run.status is RunStatus.COMPLETED:
+        return run_finished(run.run_id, run.session_id)
+    error: dict[str, Any] = run.error if isinstance(run.error, dict) else {}
+    reason = str(error.get("reason", run.status.value))
+    return run_error(str(error.get("message", f"the run ended: {reason}")), reason)
 
 
 def cancelled() -> Chunk:

@@ -10,19 +10,19 @@ Two rules hold every write here:
   is suppressed where it matches and appended only past the stored end.
 
 A refused write (a stale attempt in Postgres, a higher epoch in Redis) means the run
-was taken away: ``OwnershipLostError``, and nothing more is written.
+was taken away: ``Ownership`` raises ``OwnershipLostError``, and nothing more is written.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import structlog
 
 from turnkeeper.chunks import Chunk, fingerprint
-from turnkeeper.errors import LogFencedError, OwnershipLostError, SequenceConflictError
+from turnkeeper.driver.ownership import Ownership
+from turnkeeper.errors import LogFencedError, SequenceConflictError
 from turnkeeper.log import RunLog
 from turnkeeper.log.alignment import Aligner
 from turnkeeper.store.records import Claim
@@ -57,35 +57,25 @@ class RunOutput:
         store: Store,
         run_log: RunLog,
         claim: Claim,
-        lost: threading.Event,
+        ownership: Ownership,
         snapshot: Sequence[tuple[int, Chunk]],
     ) -> None:
         self.store = store
         self.run_log = run_log
         self.claim = claim
-        self.lost = lost
+        self.ownership = ownership
         self.aligner = Aligner(claim.run_id, snapshot)
         self.appended = 0
         self._stored_ends: dict[str, int] = {}
         self._log = log.bind(run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
 
-    def check_ownership(self) -> None:
-        if self.lost.is_set():
-            raise OwnershipLostError(
-                "the lease was lost; this attempt stops writing",
-                run_id=self.claim.run_id,
-                attempt_id=self.claim.attempt_id,
-                epoch=self.claim.epoch,
-                reason="lease-lost",
-            )
-
     # --- journal bytes --------------------------------------------------------------
 
     def stored_end(self, journal_key: str) -> int:
-        """Where the stream's stored segments end (read once, then tracked)."""
+        """Where the journal's stored segments end (read once, then tracked)."""
         if journal_key not in self._stored_ends:
-            segments = self.store.segments(journal_key)
-            self._stored_ends[journal_key] = segments[-1].byte_end if segments else 0
+            last = self.store.last_segment(journal_key)
+            self._stored_ends[journal_key] = last.byte_end if last else 0
         return self._stored_ends[journal_key]
 
     def write_bytes(self, journal_key: str, start: int, data: bytes) -> None:
@@ -96,14 +86,9 @@ class RunOutput:
             return
         if start < stored:
             data, start = data[stored - start :], stored
-        self.check_ownership()
-        if not self.store.append_segment(self.claim, journal_key, start, data):
-            # False: a stale attempt, or these very bytes were stored by a retry whose
-            # reply was lost. Only the first means the run was taken away.
-            run = self.store.get_run(self.claim.run_id)
-            if run is None or run.attempt_id != self.claim.attempt_id:
-                self.lost.set()
-                self.check_ownership()
+        self.ownership.check()
+        # Refused for its state: a retry whose reply was lost stored these very bytes.
+        self.ownership.confirm(self.store.append_segment(self.claim, journal_key, start, data))
         self._stored_ends[journal_key] = end
 
     # --- chunks ---------------------------------------------------------------------
@@ -115,7 +100,7 @@ class RunOutput:
             fresh.extend(self.aligner.feed(chunk))
         if not fresh:
             return
-        self.check_ownership()
+        self.ownership.check()
         first, batch = fresh[0][0], [chunk for _, chunk in fresh]
         with self._fenced():
             try:
@@ -135,10 +120,13 @@ class RunOutput:
         stored = self.run_log.snapshot(self.claim.run_id, after_seq=first - 1)
         return [fingerprint(chunk) for _, chunk in stored] == [fingerprint(c) for c in batch]
 
-    def close(self) -> None:
-        """Everything replayed must have matched; then the log is closed for good."""
+    def check_aligned(self) -> None:
+        """At the end of the output: the replay must have reproduced every stored chunk."""
         self.aligner.finish()
-        self.check_ownership()
+
+    def close(self) -> None:
+        """Close the log for good (after ``check_aligned`` and the final chunk)."""
+        self.ownership.check()
         with self._fenced():
             self.run_log.close(self.claim.run_id, self.claim.epoch)
 
@@ -148,12 +136,5 @@ class RunOutput:
         try:
             yield
         except LogFencedError as exc:
-            self.lost.set()
             self.run_log.count(REFUSED_APPENDS)
-            raise OwnershipLostError(
-                "a later attempt fenced the run log",
-                run_id=self.claim.run_id,
-                attempt_id=self.claim.attempt_id,
-                epoch=self.claim.epoch,
-                reason="log-fenced",
-            ) from exc
+            self.ownership.lose("log-fenced", exc)

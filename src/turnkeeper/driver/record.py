@@ -10,16 +10,15 @@ skips the slot writes its predecessor already made.
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
-
-import structlog
 
 from turnkeeper.agents.translator import TurnEvent, TurnTracker
 from turnkeeper.chunks import Chunk
-from turnkeeper.errors import OwnershipLostError
-from turnkeeper.store.records import Claim, NewEntry, TurnPhase, TurnSlot
+from turnkeeper.driver.ownership import Ownership
+from turnkeeper.store.records import Claim, NewEntry, TurnPhase, TurnSlot, Verdict
 from turnkeeper.store.store import Store
 
 _RANK = {
@@ -29,7 +28,6 @@ _RANK = {
     TurnPhase.COMMITTED: 3,
 }
 Position = tuple[int, int]
-log = structlog.get_logger(__name__)
 
 
 @dataclass
@@ -77,13 +75,13 @@ class TurnRecorder:
         store: Store,
         claim: Claim,
         session_id: str,
-        lost: threading.Event,
+        ownership: Ownership,
         slot: TurnSlot | None,
     ) -> None:
         self.store = store
         self.claim = claim
         self.session_id = session_id
-        self.lost = lost
+        self.ownership = ownership
         self.tracker = TurnTracker()
         self.turn_index = 0
         self.leaf: str | None = None
@@ -145,13 +143,13 @@ class TurnRecorder:
             self.content.observe(chunk)
             event = self.tracker.observe(chunk)
             if event is TurnEvent.TOOL_REQUEST_RECORDED:
-                request = self.content.tool_request()
                 self._slot_write(
                     (self.turn_index, 2),
-                    lambda request=request: self.store.update_turn_phase(
+                    partial(
+                        self.store.update_turn_phase,
                         self.claim,
                         TurnPhase.TOOL_REQUEST_RECORDED,
-                        tool_request=request,
+                        tool_request=self.content.tool_request(),
                         checkpoint_leaf_id=self.leaf,
                     ),
                 )
@@ -159,17 +157,11 @@ class TurnRecorder:
                 self.commit_turn()
                 self._begin_next_turn()
 
-    @property
-    def pending_tool_calls(self) -> list[str]:
-        return sorted(self.tracker.pending)
-
     def mark_consumed(self, journal_key: str) -> None:
         if self._recorded >= (self.turn_index, 3):
             return
-        if not self.store.mark_journal_consumed(self.claim, journal_key):
-            journal = self.store.get_turn_slot(self.claim.run_id)
-            if journal is None or journal.journal_consumed_at is None:
-                self._lose()
+        self.ownership.check()
+        self.ownership.confirm(self.store.mark_journal_consumed(self.claim, journal_key))
 
     def commit_turn(self) -> None:
         entries = self.content.entries(self.claim.run_id, self.turn_index)
@@ -199,38 +191,16 @@ class TurnRecorder:
         return f"{self.claim.run_id}/turn-{index}"
 
     def _append(self, entries: list[NewEntry], parent: str | None) -> str:
-        if self.lost.is_set():
-            self._lose()
+        self.ownership.check()
         leaf = self.store.append_transcript(self.claim, self.session_id, entries, parent)
         if leaf is None:
-            self._lose()
-        return str(leaf)
+            self.ownership.lose("store-fenced")
+        return leaf
 
-    def _slot_write(self, position: Position, write: Any) -> None:
-        """Make a slot write unless this position was recorded before; False means lost."""
+    def _slot_write(self, position: Position, write: Callable[[], Verdict]) -> None:
+        """Make a slot write unless this position was recorded before."""
         if position <= self._recorded:
             return
-        if self.lost.is_set():
-            self._lose()
-        if not write() and not self._still_owner():
-            self._lose()
+        self.ownership.check()
+        self.ownership.confirm(write())
         self._recorded = position
-
-    def _still_owner(self) -> bool:
-        """A refused write of an owner is one a retry already made (its reply was lost);
-        only a changed attempt means the run was taken away."""
-        run = self.store.get_run(self.claim.run_id)
-        if run is None or run.attempt_id != self.claim.attempt_id:
-            return False
-        log.warning("slot.write_already_made", run_id=self.claim.run_id)
-        return True
-
-    def _lose(self) -> None:
-        self.lost.set()
-        raise OwnershipLostError(
-            "the store refused a write: this attempt no longer owns the run",
-            run_id=self.claim.run_id,
-            attempt_id=self.claim.attempt_id,
-            epoch=self.claim.epoch,
-            reason="store-fenced",
-        )

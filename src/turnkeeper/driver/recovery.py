@@ -1,9 +1,11 @@
 """The recovery classifier: what a takeover does with a run, from what survived.
 
-A pure function of facts gathered by the takeover (the turn slot, the
-sandbox, the stored segments), so that every case is a row of a table test.
-The precedence follows one rule: never run the agent (and so the model, and its
-tools) again for output that a journal or the segments still hold.
+A pure function of facts gathered by the takeover about the run's current agent
+process (the placement record, its sandbox, its stored segments, the turn slot),
+so that every case is a row of a table test. The precedence follows one rule:
+never run the agent (and so the model, and its tools) again for output that a
+journal or the segments still hold, and never undo a decision a predecessor
+recorded.
 """
 
 from __future__ import annotations
@@ -11,48 +13,48 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from turnkeeper.store.records import TurnPhase
-
 
 class Recovery(enum.StrEnum):
     ABORT = "abort"
-    """Cancel was requested: stop the agent, close the log, settle aborted."""
+    """Cancel was requested: replay what was stored, stop the agent, settle aborted."""
     FINISH_FROM_SEGMENTS = "finish-from-segments"
-    """All output is in Postgres: replay it, align, close; run nothing again."""
+    """The stored bytes end at the exit sentinel: replay them, align, close; run
+    nothing again, whatever the slot says."""
+    FAIL = "fail"
+    """A predecessor gave the agent process up and decided not to continue: replay,
+    mark the interruption, fail with its reason."""
     ATTACH = "attach"
     """The agent's journal is alive: replay from byte 0, align, follow to the sentinel."""
     START = "start"
-    """Nothing ran yet: start the agent as a fresh turn would."""
-    CONTINUE = "continue"
-    """Output partially lost with its sandbox: record what was captured, mark the
-    interruption, and continue the conversation in a new agent process."""
-    FAIL = "fail"
-    """Output partially lost and the agent cannot continue: fail with that reason."""
+    """The current agent process never started: start it as a fresh turn would."""
+    LOST = "lost"
+    """The agent process was lost with its sandbox or journal: keep what was
+    captured, give it up, and continue in a new process if the agent can."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RecoveryFacts:
-    phase: TurnPhase | None
-    """The turn slot's phase; None when the slot was never begun."""
-    journal_consumed: bool
-    """The exit sentinel was seen and every journal byte is in the segments."""
+    cancel_requested: bool
+    journal_finished: bool
+    """The current journal's stored bytes end with its exit sentinel."""
+    loss_recorded: bool
+    """The placement record says the current agent process was given up."""
     sandbox_alive: bool
     journal_present: bool
-    """A journal of the run's current agent process exists in the sandbox."""
-    has_segments: bool
-    """Some output of the run was captured in Postgres."""
-    can_continue: bool
-    cancel_requested: bool
+    """The current agent process's journal exists in its sandbox."""
+    journal_started: bool
+    """The current agent process was started: the slot recorded it, or it has output."""
 
 
 def classify(facts: RecoveryFacts) -> Recovery:
     if facts.cancel_requested:
         return Recovery.ABORT
-    if facts.journal_consumed:
+    if facts.journal_finished:
         return Recovery.FINISH_FROM_SEGMENTS
+    if facts.loss_recorded:
+        return Recovery.FAIL
     if facts.sandbox_alive and facts.journal_present:
         return Recovery.ATTACH
-    nothing_ran = facts.phase in (None, TurnPhase.BEFORE_PROVIDER) and not facts.has_segments
-    if nothing_ran:
+    if not facts.journal_started:
         return Recovery.START
-    return Recovery.CONTINUE if facts.can_continue else Recovery.FAIL
+    return Recovery.LOST

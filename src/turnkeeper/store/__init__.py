@@ -9,6 +9,7 @@ from turnkeeper.store.records import (
     TranscriptEntry,
     TurnPhase,
     TurnSlot,
+    Verdict,
 )
 from turnkeeper.store.store import Store
 
@@ -22,4 +23,5 @@ __all__ = [
     "TranscriptEntry",
     "TurnPhase",
     "TurnSlot",
+    "Verdict",
 ]

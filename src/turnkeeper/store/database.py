@@ -28,7 +28,9 @@ from turnkeeper.errors import (
     StoreError,
     StoreUnavailableError,
 )
+from turnkeeper.store import queries as q
 from turnkeeper.store.queries import pyformat
+from turnkeeper.store.records import Claim, Verdict
 
 # psycopg_pool's PoolTimeout and PoolClosed are OperationalErrors too.
 _UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError)
@@ -176,6 +178,26 @@ class Database:
 
 
 class StoreBase:
-    """What every part of ``Store`` shares: the database handle."""
+    """What every part of ``Store`` shares: the database handle, and owner writes."""
 
     _db: Database
+
+    def _owner_write(
+        self, operation: str, statement: sa.TextClause, params: Mapping[str, Any], claim: Claim
+    ) -> Verdict:
+        """One conditional write of ``claim``'s owner: DONE when its row came back,
+        else why it was refused."""
+        if self._db.one(operation, statement, params, run_id=claim.run_id) is not None:
+            return Verdict.DONE
+        return self._refusal(claim)
+
+    def _refusal(self, claim: Claim) -> Verdict:
+        """Why a write of ``claim`` was refused.
+
+        Asked after the refusal, and still exact: ownership never comes back once
+        lost, so an attempt that owns the run now owned it at the write too, and
+        its write was refused for the row's state.
+        """
+        params = {"run_id": claim.run_id, "attempt_id": claim.attempt_id}
+        owned = self._db.one("owns_run", q.OWNS_RUN, params, run_id=claim.run_id)
+        return Verdict.WRONG_STATE if owned is not None else Verdict.NOT_OWNER

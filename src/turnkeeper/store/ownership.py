@@ -1,8 +1,9 @@
 """Ownership: claims, leases, attempt handoffs, settlement, cancellation.
 
-Every owner write is fenced by the attempt id in the statement itself; a refusal
-is a ``False`` or ``None``, never an exception, because losing ownership is an
-expected outcome and never transient.
+Every owner write is fenced by the attempt id in the statement itself and
+answers a ``Verdict``: done, or refused because another attempt owns the run, or
+because the row is not in the state the write needs. A refusal is never an
+exception: losing ownership is an expected outcome and never transient.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from turnkeeper.store.records import (
     Claim,
     Run,
     RunStatus,
+    Verdict,
     check_claim,
     check_id,
     check_limit,
@@ -63,18 +65,17 @@ class OwnershipMixin(StoreBase):
         log.info("run.claimed", run_id=run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
         return claim
 
-    def renew_lease(self, claim: Claim, lease_ttl: float) -> bool:
-        """Extend the lease from the database clock; False means ownership is lost."""
+    def renew_lease(self, claim: Claim, lease_ttl: float) -> Verdict:
+        """Extend the lease from the database clock; NOT_OWNER means ownership is lost."""
         check_claim(claim)
         ttl = check_seconds(lease_ttl, "lease_ttl")
         params = {"run_id": claim.run_id, "attempt_id": claim.attempt_id, "lease_ttl": ttl}
-        row = self._db.one("renew_lease", q.RENEW_LEASE, params, run_id=claim.run_id)
-        if row is None:
+        verdict = self._owner_write("renew_lease", q.RENEW_LEASE, params, claim)
+        if verdict is not Verdict.DONE:
             log.warning(
                 "lease.lost", run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch
             )
-            return False
-        return True
+        return verdict
 
     def replace_turn_slot_attempt(
         self,
@@ -151,8 +152,12 @@ class OwnershipMixin(StoreBase):
             log.info("run.expired", run_id=run.run_id, status=run.status, error=run.error)
         return runs
 
-    def settle_run(self, claim: Claim, status: RunStatus | str, error: Any = None) -> bool:
-        """Record a terminal status; the first one wins, a stale attempt changes nothing."""
+    def settle_run(self, claim: Claim, status: RunStatus | str, error: Any = None) -> Verdict:
+        """Record a terminal status; the first one wins, a stale attempt changes nothing.
+
+        Refused: WRONG_STATE when this attempt already settled the run with this
+        status (a retry), else NOT_OWNER.
+        """
         check_claim(claim)
         terminal = check_status(status)
         if not terminal.is_terminal:
@@ -163,9 +168,11 @@ class OwnershipMixin(StoreBase):
             "status": terminal.value,
             "error": None if error is None else to_json(error, "error"),
         }
-        row = self._db.one("settle_run", q.SETTLE_RUN, params, run_id=claim.run_id)
-        if row is None:
-            return False
+        if self._db.one("settle_run", q.SETTLE_RUN, params, run_id=claim.run_id) is None:
+            # A settled run is nobody's, except to the retry of the very settle that
+            # ended it (its reply lost), for which it is already made.
+            retried = self._db.one("settle_run", q.SETTLED_BY, params, run_id=claim.run_id)
+            return Verdict.WRONG_STATE if retried is not None else self._refusal(claim)
         log.info(
             "run.settled",
             run_id=claim.run_id,
@@ -173,9 +180,9 @@ class OwnershipMixin(StoreBase):
             epoch=claim.epoch,
             status=terminal.value,
         )
-        return True
+        return Verdict.DONE
 
-    def record_sandbox(self, claim: Claim, sandbox_ref: Mapping[str, Any]) -> bool:
+    def record_sandbox(self, claim: Claim, sandbox_ref: Mapping[str, Any]) -> Verdict:
         """Remember where the run's sandbox lives, fenced by the attempt."""
         check_claim(claim)
         if not isinstance(sandbox_ref, Mapping):
@@ -185,10 +192,7 @@ class OwnershipMixin(StoreBase):
             "attempt_id": claim.attempt_id,
             "sandbox_ref": to_json(dict(sandbox_ref), "sandbox_ref"),
         }
-        return (
-            self._db.one("record_sandbox", q.RECORD_SANDBOX, params, run_id=claim.run_id)
-            is not None
-        )
+        return self._owner_write("record_sandbox", q.RECORD_SANDBOX, params, claim)
 
     def request_cancel(self, run_id: str) -> Run | None:
         """A queued run is aborted at once; a running one is flagged for its owner.

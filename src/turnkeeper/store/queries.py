@@ -108,6 +108,10 @@ WITH candidate AS (
 SELECT run_id, attempt_id, epoch FROM claimed
 """)
 
+OWNS_RUN = text("""
+SELECT 1 FROM runs WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
+""")
+
 RENEW_LEASE = _sql("""
 UPDATE runs SET lease_expires_at = $lease, updated_at = now()
 WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
@@ -219,6 +223,12 @@ WITH settled AS (
 SELECT run_id FROM settled
 """)
 
+SETTLED_BY = text("""
+SELECT 1 FROM runs r JOIN attempts a ON a.run_id = r.run_id AND a.attempt_id = r.attempt_id
+WHERE r.run_id = :run_id AND r.attempt_id = :attempt_id AND r.status = :status
+  AND a.outcome = :status
+""")
+
 RECORD_SANDBOX = text("""
 UPDATE runs SET sandbox_ref = CAST(:sandbox_ref AS jsonb), updated_at = now()
 WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
@@ -319,6 +329,14 @@ SEGMENTS = text("""
 SELECT journal_key, byte_start, byte_end, body FROM segments
 WHERE journal_key = :journal_key AND byte_end > :from_byte
 ORDER BY byte_start
+LIMIT :limit
+""")
+
+LAST_SEGMENT = text("""
+SELECT journal_key, byte_start, byte_end, body FROM segments
+WHERE journal_key = :journal_key
+ORDER BY byte_start DESC
+LIMIT 1
 """)
 
 # --- transcript ------------------------------------------------------------------------

@@ -48,6 +48,21 @@ PHASE_PREDECESSORS: Mapping[TurnPhase, tuple[TurnPhase, ...]] = {
 }
 
 
+class Verdict(StrEnum):
+    """The store's answer to an owner's write: made, or refused and why.
+
+    A refusal is an answer, never an exception: losing a run is expected, and a
+    write refused for its state is usually one a retry already made.
+    """
+
+    DONE = "done"
+    NOT_OWNER = "not-owner"
+    """Another attempt owns the run, or it is settled: the writer lost it."""
+    WRONG_STATE = "wrong-state"
+    """The writer still owns the run, but the row is not in the state this write
+    needs (it was already made, or the turn moved on)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
     """Proof of ownership: every owner write is guarded by ``attempt_id``."""

@@ -1,7 +1,7 @@
 """The turn slot and the segments: how far a run's turn got.
 
-Every write is one statement guarded by the attempt; a committed turn refuses
-every later write to it, from any attempt.
+Every write is one statement guarded by the attempt and answers a ``Verdict``;
+a committed turn refuses every later write to it, from any attempt.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from turnkeeper.store.records import (
     Segment,
     TurnPhase,
     TurnSlot,
+    Verdict,
     check_claim,
     check_id,
+    check_limit,
     check_optional_id,
     check_phase,
     to_json,
@@ -30,7 +32,7 @@ class TurnsMixin(StoreBase):
 
     def begin_turn_slot(
         self, claim: Claim, turn_index: int, turn_id: str, checkpoint_leaf_id: str | None
-    ) -> bool:
+    ) -> Verdict:
         """Start a new turn in the run's slot (reset in place, revision + 1).
 
         Refused for a stale attempt and for a turn index that is not past the current one.
@@ -45,8 +47,7 @@ class TurnsMixin(StoreBase):
             "turn_id": check_id(turn_id, "turn_id"),
             "checkpoint_leaf_id": check_optional_id(checkpoint_leaf_id, "checkpoint_leaf_id"),
         }
-        row = self._db.one("begin_turn_slot", q.BEGIN_TURN_SLOT, params, run_id=claim.run_id)
-        return row is not None
+        return self._owner_write("begin_turn_slot", q.BEGIN_TURN_SLOT, params, claim)
 
     def update_turn_phase(
         self,
@@ -56,7 +57,7 @@ class TurnsMixin(StoreBase):
         journal_key: str | None = None,
         tool_request: Any = None,
         checkpoint_leaf_id: str | None = None,
-    ) -> bool:
+    ) -> Verdict:
         """Move the current turn forward one phase; absent options keep stored values."""
         check_claim(claim)
         target = check_phase(phase)
@@ -79,21 +80,19 @@ class TurnsMixin(StoreBase):
             "tool_request": None if tool_request is None else to_json(tool_request, "tool_request"),
             "checkpoint_leaf_id": check_optional_id(checkpoint_leaf_id, "checkpoint_leaf_id"),
         }
-        row = self._db.one("update_turn_phase", q.UPDATE_PHASE, params, run_id=claim.run_id)
-        return row is not None
+        return self._owner_write("update_turn_phase", q.UPDATE_PHASE, params, claim)
 
-    def commit_turn_slot(self, claim: Claim, committed_leaf_id: str) -> bool:
-        """Commit the current turn; afterwards every write to that turn returns False."""
+    def commit_turn_slot(self, claim: Claim, committed_leaf_id: str) -> Verdict:
+        """Commit the current turn; afterwards every write to that turn is WRONG_STATE."""
         check_claim(claim)
         params = {
             "run_id": claim.run_id,
             "attempt_id": claim.attempt_id,
             "committed_leaf_id": check_id(committed_leaf_id, "committed_leaf_id"),
         }
-        row = self._db.one("commit_turn_slot", q.COMMIT_TURN_SLOT, params, run_id=claim.run_id)
-        return row is not None
+        return self._owner_write("commit_turn_slot", q.COMMIT_TURN_SLOT, params, claim)
 
-    def mark_journal_consumed(self, claim: Claim, journal_key: str) -> bool:
+    def mark_journal_consumed(self, claim: Claim, journal_key: str) -> Verdict:
         """Record, once, that the turn's journal was read to its end."""
         check_claim(claim)
         params = {
@@ -101,22 +100,21 @@ class TurnsMixin(StoreBase):
             "attempt_id": claim.attempt_id,
             "journal_key": check_id(journal_key, "journal_key"),
         }
-        row = self._db.one(
-            "mark_journal_consumed", q.MARK_JOURNAL_CONSUMED, params, run_id=claim.run_id
-        )
-        return row is not None
+        return self._owner_write("mark_journal_consumed", q.MARK_JOURNAL_CONSUMED, params, claim)
 
     def get_turn_slot(self, run_id: str) -> TurnSlot | None:
         check_id(run_id, "run_id")
         row = self._db.one("get_turn_slot", q.GET_TURN_SLOT, {"run_id": run_id}, run_id=run_id)
         return None if row is None else TurnSlot.from_row(row)
 
-    def append_segment(self, claim: Claim, journal_key: str, byte_start: int, body: bytes) -> bool:
+    def append_segment(
+        self, claim: Claim, journal_key: str, byte_start: int, body: bytes
+    ) -> Verdict:
         """Store journal bytes once, contiguously, fenced by the attempt.
 
-        True: stored. False: a stale attempt, or this exact segment was already
-        stored. SegmentConflictError: a different body at a stored offset, a gap,
-        or a journal key that belongs to another run.
+        DONE: stored. NOT_OWNER: a stale attempt. WRONG_STATE: this exact segment
+        was already stored. SegmentConflictError: a different body at a stored
+        offset, a gap, or a journal key that belongs to another run.
         """
         check_claim(claim)
         check_id(journal_key, "journal_key")
@@ -138,13 +136,13 @@ class TurnsMixin(StoreBase):
             "attempt_id": claim.attempt_id,
             "journal_key": journal_key,
         }
-        verdict = self._db.one("append_segment", q.APPEND_SEGMENT, params, **fields)
-        assert verdict is not None  # noqa: S101 - the statement always returns one row
-        if verdict["inserted"]:
-            return True
-        if not verdict["owned"]:
-            return False
-        if verdict["other_run"]:
+        row = self._db.one("append_segment", q.APPEND_SEGMENT, params, **fields)
+        assert row is not None  # noqa: S101 - the statement always returns one row
+        if row["inserted"]:
+            return Verdict.DONE
+        if not row["owned"]:
+            return Verdict.NOT_OWNER
+        if row["other_run"]:
             raise SegmentConflictError(
                 "the journal key belongs to another run", reason="foreign-journal", **fields
             )
@@ -152,7 +150,7 @@ class TurnsMixin(StoreBase):
         stored = None if found is None else found["body"]
         if stored is not None:
             if bytes(stored) == data:
-                return False
+                return Verdict.WRONG_STATE
             raise SegmentConflictError(
                 f"a different body is stored at byte {byte_start}",
                 reason="body-differs",
@@ -161,21 +159,27 @@ class TurnsMixin(StoreBase):
             )
         raise SegmentConflictError(
             f"segment at byte {byte_start} does not continue the stream, which ends at "
-            f"byte {verdict['tip']}",
+            f"byte {row['tip']}",
             reason="not-contiguous",
             byte_start=byte_start,
-            stream_end=verdict["tip"],
+            stream_end=row["tip"],
             **fields,
         )
 
-    def segments(self, journal_key: str, from_byte: int = 0) -> list[Segment]:
-        """The stored bytes from ``from_byte`` on, in order (the first segment trimmed)."""
+    def segments(
+        self, journal_key: str, from_byte: int = 0, *, limit: int | None = None
+    ) -> list[Segment]:
+        """The stored bytes from ``from_byte`` on, in order (the first segment trimmed);
+        at most ``limit`` segments, so a long journal can be read in pages."""
         check_id(journal_key, "journal_key")
         if isinstance(from_byte, bool) or not isinstance(from_byte, int) or from_byte < 0:
             raise InvalidInputError(f"from_byte must be a non-negative integer: {from_byte!r}")
-        rows = self._db.rows(
-            "segments", q.SEGMENTS, {"journal_key": journal_key, "from_byte": from_byte}
-        )
+        params = {
+            "journal_key": journal_key,
+            "from_byte": from_byte,
+            "limit": None if limit is None else check_limit(limit),
+        }
+        rows = self._db.rows("segments", q.SEGMENTS, params)
         segments = []
         for row in rows:
             start, body = row["byte_start"], bytes(row["body"])
@@ -183,3 +187,11 @@ class TurnsMixin(StoreBase):
                 body, start = body[from_byte - start :], from_byte
             segments.append(Segment(row["journal_key"], start, row["byte_end"], body))
         return segments
+
+    def last_segment(self, journal_key: str) -> Segment | None:
+        """The segment that ends a journal's stored bytes (its sentinel, once it ended)."""
+        check_id(journal_key, "journal_key")
+        row = self._db.one("last_segment", q.LAST_SEGMENT, {"journal_key": journal_key})
+        if row is None:
+            return None
+        return Segment(row["journal_key"], row["byte_start"], row["byte_end"], bytes(row["body"]))

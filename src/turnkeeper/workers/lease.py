@@ -18,7 +18,7 @@ from datetime import timedelta
 import structlog
 
 from turnkeeper.errors import StoreUnavailableError
-from turnkeeper.store.records import Claim
+from turnkeeper.store.records import Claim, Verdict
 from turnkeeper.store.store import Store
 
 log = structlog.get_logger(__name__)
@@ -65,7 +65,7 @@ class LeaseKeeper:
     def beat(self) -> None:
         """One renewal and cancel check, now (the thread calls it every interval)."""
         try:
-            renewed = self.store.renew_lease(self.claim, self.lease_ttl)
+            renewed = self.store.renew_lease(self.claim, self.lease_ttl) is Verdict.DONE
             run = self.store.get_run(self.claim.run_id) if renewed else None
         except StoreUnavailableError as exc:
             self._retrying = True

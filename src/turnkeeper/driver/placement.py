@@ -1,0 +1,228 @@
+"""Where a run's agent processes live, and the plumbing that keeps that record.
+
+The placement record (``runs.sandbox_ref``) names the run's sandbox and, in
+order, the journal of each agent process started for the run. The owner writes
+it before anything runs where it points, so a successor always finds what it
+must replay. It also holds the one decision the journal bytes cannot tell: that
+an agent process was given up (``lost``, and why). That decision is recorded
+before the process's interruption marks are appended, so every replay re-issues
+exactly the marks clients saw, and nothing after them.
+
+Every sentinel nonce the driver needs is looked up here (``nonce_of``,
+``sentinel_of``): a random one per agent process, drawn when its journal is planned
+and kept in the record next to the journal's handle, so a successor reads it there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from turnkeeper.driver.ownership import Ownership
+from turnkeeper.errors import JournalExistsError
+from turnkeeper.sandbox import (
+    AgentCommand,
+    JournalHandle,
+    JournalPaths,
+    Sandbox,
+    SandboxProvider,
+    SandboxRef,
+    SandboxSpec,
+    exit_sentinel_line,
+    new_nonce,
+    spawn_journaled,
+)
+from turnkeeper.sandbox.journal import exists_argv
+from turnkeeper.store.records import Claim, Run
+from turnkeeper.store.store import Store
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedJournal:
+    """One agent process of the run: its journal, and why it was given up, if it was."""
+
+    handle: JournalHandle
+    lost: str | None = None
+
+    @property
+    def journal_key(self) -> str:
+        return self.handle.journal_key
+
+    def to_dict(self) -> dict[str, Any]:
+        data = self.handle.to_dict()
+        if self.lost is not None:
+            data["lost"] = self.lost
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PlacedJournal:
+        lost = data.get("lost")
+        return cls(JournalHandle.from_dict(data), str(lost) if lost is not None else None)
+
+
+@dataclass
+class Placement:
+    """The run's sandbox and its agent processes' journals, in the order they ran."""
+
+    sandbox: SandboxRef | None = None
+    journals: list[PlacedJournal] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, run: Run) -> Placement:
+        data = run.sandbox_ref or {}
+        sandbox = data.get("sandbox")
+        return cls(
+            sandbox=SandboxRef.from_dict(sandbox) if sandbox else None,
+            journals=[PlacedJournal.from_dict(j) for j in data.get("journals", [])],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sandbox": self.sandbox.to_dict() if self.sandbox else None,
+            "journals": [j.to_dict() for j in self.journals],
+        }
+
+    @property
+    def last(self) -> PlacedJournal | None:
+        return self.journals[-1] if self.journals else None
+
+    @property
+    def continuations(self) -> int:
+        """Agent processes started after the first one was lost."""
+        return max(0, len(self.journals) - 1)
+
+
+def nonce_of(journal: PlacedJournal) -> str:
+    """The sentinel nonce of one agent process's journal."""
+    return journal.handle.nonce
+
+
+def sentinel_of(journal: PlacedJournal, exit_code: int) -> bytes:
+    """The exact sentinel line that journal ends with when its agent exits with ``exit_code``."""
+    return exit_sentinel_line(exit_code, nonce_of(journal))
+
+
+class Placer:
+    """An attempt's hands on its sandbox: every change to the placement is recorded,
+    fenced by the attempt, before it takes effect."""
+
+    def __init__(
+        self,
+        provider: SandboxProvider,
+        store: Store,
+        ownership: Ownership,
+        claim: Claim,
+        placement: Placement,
+        *,
+        spec: SandboxSpec,
+    ) -> None:
+        self.provider = provider
+        self.store = store
+        self.ownership = ownership
+        self.claim = claim
+        self.placement = placement
+        self.spec = spec
+
+    @property
+    def journals(self) -> list[PlacedJournal]:
+        return self.placement.journals
+
+    # --- sandboxes ------------------------------------------------------------------
+
+    def resume(self) -> Sandbox | None:
+        """The run's sandbox, or None when it is known to be gone."""
+        ref = self.placement.sandbox
+        return None if ref is None else self.provider.resume(ref)
+
+    def resume_or_create(self) -> Sandbox:
+        return self.resume() or self._create()
+
+    def _create(self) -> Sandbox:
+        ref = self.provider.create(self.claim.run_id, self.spec)
+        # Recorded with the first journal, before anything runs in it; a crash before
+        # that leaves an empty orphan for the reaper.
+        self.placement = Placement(ref, list(self.placement.journals))
+        sandbox = self.provider.resume(ref)
+        assert sandbox is not None  # noqa: S101 - just created
+        return sandbox
+
+    def destroy(self) -> None:
+        if self.placement.sandbox is not None:
+            self.provider.destroy(self.placement.sandbox)
+
+    # --- journals ---------------------------------------------------------------------
+
+    def new_journal(self, sandbox: Sandbox) -> PlacedJournal:
+        """The next agent process's journal, recorded before the process starts."""
+        journal = self._next_journal(sandbox)
+        self.placement.journals.append(journal)
+        self._record()
+        return journal
+
+    def give_up(self, reason: str, *, continue_in: Sandbox | None) -> PlacedJournal | None:
+        """Record that the current agent process is lost (``reason``) and, with
+        ``continue_in``, the journal of the process that continues the run: one write,
+        so a successor finds either both decisions or neither."""
+        last = self.placement.journals[-1]
+        self.placement.journals[-1] = PlacedJournal(last.handle, reason)
+        journal = None if continue_in is None else self._next_journal(continue_in)
+        if journal is not None:
+            self.placement.journals.append(journal)
+        self._record()
+        log.info(
+            "journal.given_up",
+            run_id=self.claim.run_id,
+            reason=reason,
+            continued=journal is not None,
+        )
+        return journal
+
+    def journal_exists(self, sandbox: Sandbox, journal: PlacedJournal) -> bool:
+        return sandbox.exec(exists_argv(journal.handle.paths), timeout=30).exit_code == 0
+
+    def disarm(self, journal: PlacedJournal) -> None:
+        """A writer that never started must never start later (a frozen predecessor may
+        still be about to launch it): without its nonce file it exits before the agent."""
+        sandbox = self.resume()
+        if sandbox is not None:
+            sandbox.exec(["rm", "-f", "--", journal.handle.paths.nonce_file], timeout=30)
+
+    def spawn(
+        self, sandbox: Sandbox, journal: PlacedJournal, command: AgentCommand, prompt: bytes
+    ) -> None:
+        """Start the journal's agent process, unless it was started before (a retry)."""
+        try:
+            spawn_journaled(
+                sandbox,
+                self.claim.run_id,
+                command,
+                prompt=prompt,
+                process=journal.handle.paths.process,
+                nonce=nonce_of(journal),
+            )
+        except JournalExistsError:
+            log.info(
+                "journal.already_started",
+                run_id=self.claim.run_id,
+                journal=journal.journal_key,
+            )
+
+    def nonce(self, journal: PlacedJournal) -> str:
+        return nonce_of(journal)
+
+    def sentinel(self, journal: PlacedJournal, exit_code: int) -> bytes:
+        return sentinel_of(journal, exit_code)
+
+    def _next_journal(self, sandbox: Sandbox) -> PlacedJournal:
+        process = 1 + sum(1 for j in self.placement.journals if j.handle.ref.id == sandbox.ref.id)
+        paths = JournalPaths(sandbox.ref.journal_dir, self.claim.run_id, process)
+        # The nonce is drawn here, recorded before the process starts.
+        return PlacedJournal(JournalHandle(sandbox.ref, paths, new_nonce()))
+
+    def _record(self) -> None:
+        self.ownership.check()
+        self.ownership.confirm(self.store.record_sandbox(self.claim, self.placement.to_dict()))

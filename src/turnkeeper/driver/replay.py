@@ -1,0 +1,142 @@
+"""A run's chunks from its journal bytes: the one code path of a live drive, of a
+takeover's replay and of the rebuild of a log that Redis lost.
+
+The output of a run is a pure function of what Postgres holds: ``RUN_STARTED``;
+for each agent process in order its translated lines, followed by its
+interruption marks when it was given up; the closing chunks once its journal
+ended at the exit sentinel; the final chunk once the run is settled. ``Replay``
+mints those chunks, and ``StoredJournal`` reads a journal's lines back from its
+segments up to the sentinel, which is never handed out as a line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from itertools import islice
+
+from turnkeeper.agents.translator import TurnTracker, translator_for
+from turnkeeper.chunks import Chunk
+from turnkeeper.driver import lifecycle
+from turnkeeper.errors import InvalidSentinelError
+from turnkeeper.sandbox.journal import SENTINEL_PREFIX, parse_sentinel
+from turnkeeper.sandbox.lines import LineSplitter
+from turnkeeper.store.store import Store
+
+Line = tuple[bytes, int]
+"""A journal line without its newline, and the byte offset just past that newline."""
+
+_SEGMENT_PAGE = 256
+
+
+class Replay:
+    """Mints a run's chunks: translated lines, interruption marks, the closing chunks."""
+
+    def __init__(self, run_id: str, session_id: str, output_format: str) -> None:
+        self.run_id = run_id
+        self.session_id = session_id
+        self.translator = translator_for(output_format, run_id)
+        self.tracker = TurnTracker()
+
+    def started(self) -> list[Chunk]:
+        return self._observed([lifecycle.run_started(self.run_id, self.session_id)])
+
+    def lines(self, lines: Iterable[bytes]) -> list[Chunk]:
+        """Chunks of complete journal lines, each given with its newline, as the
+        journal holds it."""
+        chunks: list[Chunk] = []
+        for line in lines:
+            chunks.extend(self.translator.feed(line))
+        return self._observed(chunks)
+
+    def interrupted(self, journal_index: int) -> list[Chunk]:
+        """Where a given-up agent process's output ends: what it left open is closed,
+        the interruption is marked, and its unanswered tool calls get an answer."""
+        marks = self.translator.finish()
+        marks.append(lifecycle.interrupted(journal_index))
+        self._observed(marks)
+        unanswered = [lifecycle.outcome_unknown(call) for call in sorted(self.tracker.pending)]
+        return marks + self._observed(unanswered)
+
+    def closing(self) -> list[Chunk]:
+        """What the agent left open when its journal ended at the sentinel."""
+        return self._observed(self.translator.finish())
+
+    @property
+    def agent_session_id(self) -> str | None:
+        """The agent's own conversation id, for a continuation, once it said it."""
+        return self.translator.session_id
+
+    @property
+    def agent_failure(self) -> str | None:
+        return self.translator.failure
+
+    @property
+    def turns_completed(self) -> int:
+        return self.tracker.turns_completed
+
+    def _observed(self, chunks: list[Chunk]) -> list[Chunk]:
+        for chunk in chunks:
+            self.tracker.observe(chunk)
+        return chunks
+
+
+def batches(lines: Iterable[Line], size: int) -> Iterator[list[Line]]:
+    """``lines`` in lists of at most ``size``, so a long journal is never held whole."""
+    source = iter(lines)
+    while batch := list(islice(source, size)):
+        yield batch
+
+
+def with_newlines(lines: Iterable[Line]) -> list[bytes]:
+    """Lines as the journal (and so the segments and the text translator) holds them."""
+    return [line + b"\n" for line, _ in lines]
+
+
+def sentinel_exit(line: bytes, nonce: str) -> int | None:
+    """The exit code when ``line`` (without newline) is this journal's sentinel."""
+    if not line.startswith(SENTINEL_PREFIX):
+        return None
+    return parse_sentinel(line, nonce)
+
+
+class StoredJournal:
+    """A journal's lines as its segments hold them, read in pages, up to its sentinel.
+
+    Iterate once; afterwards ``exit_code`` and ``end`` describe the sentinel when
+    the stored bytes end with one (the agent exited and every byte is stored).
+    """
+
+    def __init__(self, store: Store, journal_key: str, nonce: str) -> None:
+        self.store = store
+        self.journal_key = journal_key
+        self.nonce = nonce
+        self.exit_code: int | None = None
+        self.end: int | None = None
+
+    def __iter__(self) -> Iterator[Line]:
+        splitter = LineSplitter(0)
+        from_byte = 0
+        while True:
+            page = self.store.segments(self.journal_key, from_byte, limit=_SEGMENT_PAGE)
+            for segment in page:
+                for line, end in splitter.split(segment.body):
+                    code = sentinel_exit(line, self.nonce)
+                    if code is not None:
+                        self.exit_code, self.end = code, end
+                        return
+                    yield line, end
+            if len(page) < _SEGMENT_PAGE:
+                return
+            from_byte = page[-1].byte_end
+
+
+def stored_exit(store: Store, journal_key: str, nonce: str) -> int | None:
+    """The exit code when a journal's stored bytes end with its sentinel, else None."""
+    last = store.last_segment(journal_key)
+    if last is None:
+        return None
+    line = last.body.rstrip(b"\n").rpartition(b"\n")[2]
+    try:
+        return sentinel_exit(line, nonce)
+    except InvalidSentinelError:
+        return None  # a forged sentinel: the replay refuses it where it stands
