@@ -241,7 +241,7 @@ class Settings(BaseSettings):
 
     # Web.
     secret: SecretStr | None = Field(
-        default=None, description="Server secret: stream tokens and journal sentinel nonces."
+        default=None, description="Server secret: stream tokens."
     )
     web_host: str = "127.0.0.1"
     web_port: int = Field(default=8000, ge=0, le=65535)

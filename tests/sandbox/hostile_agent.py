@@ -76,11 +76,7 @@ def through_proxy(port: int) -> str:
 def sockets() -> object:
     """Every unix socket it can find (walking the tree, and named on its jail's command
     line), and what connecting to each gave."""
-    walked = []
-    for path in walk("/"):
-        with contextlib.suppress(OSError):
-            if stat.S_ISSOCK(os.lstat(path).st_mode):
-                walked.append(path)
+    walked = [entry.path for entry in ENTRIES if _is_socket(entry)]
     named = []
     with contextlib.suppress(OSError):
         for arg in Path("/proc/1/cmdline").read_bytes().decode(errors="replace").split("\0"):
@@ -100,19 +96,37 @@ def sockets() -> object:
     }
 
 
-def walk(top: str) -> list[str]:
-    found = []
-    for root, dirs, files in os.walk(top, onerror=lambda _: None):
-        if root == "/":
-            dirs[:] = [d for d in dirs if f"/{d}" not in SKIP_WALK]
-        found.extend(str(Path(root, name)) for name in files)
+def _is_socket(entry: os.DirEntry[str]) -> bool:
+    """Only entries that are neither files nor links (sockets, fifos) cost a stat."""
+    if entry.is_file(follow_symlinks=False) or entry.is_symlink():
+        return False
+    try:
+        return stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def walk(top: str) -> list[os.DirEntry[str]]:
+    """Every non-directory entry below ``top`` that it may list (no stat per file)."""
+    found, pending = [], [top]
+    while pending:
+        try:
+            with os.scandir(pending.pop()) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        if entry.path not in SKIP_WALK:
+                            pending.append(entry.path)
+                    else:
+                        found.append(entry)
+        except OSError:
+            continue
     return found
 
 
 def look_for(markers: list[str], names: list[str]) -> object:
     """Files named like a journal or another run's marker, and files holding a marker."""
     named, holding = [], []
-    for path in walk("/"):
+    for path in (entry.path for entry in ENTRIES):
         if any(path.endswith(suffix) for suffix in names):
             named.append(path)
         if path.startswith(("/usr/", "/opt/")) or path == sys.argv[1]:
@@ -196,8 +210,12 @@ def fork_bomb() -> str:
     return "refused: EAGAIN" if refused == str(errno.EAGAIN) else f"not refused: {refused!r}"
 
 
+ENTRIES: list[os.DirEntry[str]] = []
+
+
 def main() -> None:
     config = json.loads(Path(sys.argv[1]).read_text())
+    ENTRIES.extend(walk("/"))  # one walk of the whole tree, for sockets and for files
     markers = config["markers"]
     report("proc-environ", scan_proc("environ", markers))
     report("proc-cmdline", scan_proc("cmdline", markers))

@@ -30,7 +30,8 @@ from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
 from turnkeeper.store.records import Run, RunStatus
 
-pytestmark = pytest.mark.slow
+# The agent walks the whole tree it can see: on a loaded 2-core machine that takes minutes.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 HOSTILE = Path(__file__).with_name("hostile_agent.py").read_text()
 PROVIDERS = ["bwrap"]
@@ -60,6 +61,7 @@ def fleet(request: pytest.FixtureRequest, settings: Settings, tmp_path: Path) ->
         sandbox_provider=request.param,
         sandbox_memory=256 * MIB,
         sandbox_pids=128,
+        sandbox_ro_binds="",  # the agents here need only the system's python3
     )
     try:
         yield fleet
@@ -82,7 +84,7 @@ class DaemonWatch(threading.Thread):
         self.tag, self.pids, self.done = tag, set[int](), threading.Event()
 
     def run(self) -> None:
-        while not self.done.wait(0.05):
+        while not self.done.wait(0.1):
             for proc in psutil.process_iter(["pid", "cmdline"]):
                 if self.tag in (proc.info["cmdline"] or []):
                     self.pids.add(proc.info["pid"])
@@ -122,7 +124,7 @@ def test_a_hostile_agent_gets_nothing(fleet: Fleet, settings: Settings) -> None:
         json.dumps(config),
         run_id="hostile",
     )
-    hostile = fleet.wait_settled(hostile.run_id, timeout=240)
+    hostile = fleet.wait_settled(hostile.run_id, timeout=600)
     watch.done.set()
     watch.join()
 

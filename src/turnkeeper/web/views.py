@@ -14,7 +14,10 @@ def iso(value: datetime | None) -> str | None:
 
 
 def run_view(run: Run, journal: TurnSlot | None, now: datetime) -> dict[str, Any]:
-    """A run for operators: status, phase, epoch, attempts, owner and the lease on the DB clock."""
+    """A run for operators: status, phase, epoch, attempts, owner and the lease on the DB clock.
+
+    Never the placement record (``run.sandbox_ref``): it holds each agent process's
+    sentinel nonce, which no client may see."""
     lease_left = None
     if run.lease_expires_at is not None and run.status.value == "running":
         lease_left = round((run.lease_expires_at - now).total_seconds(), 3)
