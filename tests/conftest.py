@@ -20,6 +20,7 @@ import pytest
 import redis
 from sqlalchemy.engine import make_url
 
+from tests.sandboxes import release_sandboxes
 from turnkeeper.config import Settings, plain_postgres_url
 from turnkeeper.embedded import EmbeddedStack
 from turnkeeper.store import migration
@@ -143,11 +144,19 @@ def namespace(redis_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def settings(database_url: str, redis_url: str, namespace: str, tmp_path: Path) -> Settings:
-    """Settings pointing at this test's database, Redis namespace and data directory."""
-    return Settings(
+def settings(
+    database_url: str, redis_url: str, namespace: str, tmp_path: Path
+) -> Iterator[Settings]:
+    """Settings pointing at this test's database, Redis namespace and data directory.
+
+    Afterwards, whatever the test's workers left on this host outside its directory is
+    released: its sandboxes' cgroups and uids, and the egress proxies they started.
+    """
+    settings = Settings(
         database_url=database_url,
         redis_url=redis_url,
         namespace=namespace,
         data_dir=tmp_path / "data",
     )
+    yield settings
+    release_sandboxes(settings)

@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 
 import turnkeeper
+from tests.sandboxes import release_sandboxes
 from turnkeeper.agents.spec import AgentSpec
 from turnkeeper.agents.translator import translator_for
 from turnkeeper.chunks import Chunk
@@ -27,8 +28,6 @@ from turnkeeper.client import Client
 from turnkeeper.config import Settings
 from turnkeeper.driver import lifecycle
 from turnkeeper.errors import ServiceError
-from turnkeeper.sandbox import SandboxRef, provider_for
-from turnkeeper.sandbox.egress import stop_proxies
 from turnkeeper.store.records import Run
 
 FAST: dict[str, Any] = {
@@ -121,7 +120,7 @@ class Fleet:
         if self._client is not None:
             self._client.close()
         _kill_agents(self.settings.sandboxes_dir)
-        destroy_sandboxes(self.settings)
+        release_sandboxes(self.settings)
 
     def dump_logs(self) -> str:
         return "\n".join(
@@ -171,17 +170,6 @@ class Fleet:
 
     def log_of(self, run_id: str) -> list[tuple[int, Chunk]]:
         return self.client.log.snapshot(run_id)
-
-
-def destroy_sandboxes(settings: Settings) -> None:
-    """Every sandbox the fleet left (with its cgroup and uid), and its egress proxies."""
-    root = settings.sandboxes_dir
-    if root.is_dir():
-        provider = provider_for(settings.sandbox_provider, settings)
-        for entry in root.iterdir():
-            provider.destroy(SandboxRef(provider.name, entry.name, str(entry)))
-        provider.sweep()  # what sandboxes a test removed by hand left behind
-    stop_proxies(settings.data_dir)
 
 
 def _kill_agents(root: Path) -> None:
