@@ -19,6 +19,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import secrets
 import shlex
 import signal
 import time
@@ -157,6 +158,7 @@ class CgroupTree:
             parent = v2 / PARENT
             tree = cls(2, (parent,))
             tree._prepare_v2(v2)
+            tree._probe()
             return tree
         missing = [c for c in CONTROLLERS if c not in v1]
         if missing:
@@ -170,7 +172,21 @@ class CgroupTree:
         tree = cls(1, parents)
         for parent in parents:
             _mkdir(parent)
+        tree._probe()
         return tree
+
+    def _probe(self) -> None:
+        """Make and remove a group: parents that exist prove nothing for another user."""
+        name = f"probe-{os.getpid()}-{secrets.token_hex(4)}"
+        for parent in self.parents:
+            try:
+                (parent / name).mkdir()
+                (parent / name).rmdir()
+            except OSError as exc:
+                raise SandboxError(
+                    f"cannot create groups under {parent}: {exc.strerror}",
+                    reason="cgroup-unusable",
+                ) from exc
 
     def _prepare_v2(self, mount: Path) -> None:
         wanted = " ".join(f"+{c}" for c in CONTROLLERS)
