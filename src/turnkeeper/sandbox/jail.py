@@ -140,12 +140,14 @@ def _under(path: str, roots: Sequence[str]) -> bool:
     return any(path == root or path.startswith(root + "/") for root in roots)
 
 
-def identity_files(uid: int, gid: int) -> tuple[str, str]:
+def identity_files(uid: int, gid: int | None = None) -> tuple[str, str]:
     """``/etc/passwd`` and ``/etc/group`` for the jail: root, the agent, nobody.
 
     Programs look their own uid up (Node's ``os.userInfo``, Python's ``getpass``); the
-    host's lists would fail for a sandbox uid and would show the host's accounts.
+    host's lists would fail for a sandbox uid and would show the host's accounts. The
+    agent's group is ``gid`` (the jails' group), or ``uid`` when there is none.
     """
+    gid = uid if gid is None else gid
     passwd = (
         "root:x:0:0:root:/root:/usr/sbin/nologin\n"
         f"agent:x:{uid}:{gid}:agent:{WORKSPACE}:/bin/bash\n"
