@@ -9,6 +9,7 @@ import pytest
 from turnkeeper.config import Settings
 from turnkeeper.errors import ConfigError
 from turnkeeper.sandbox import provider_for
+from turnkeeper.sandbox.factory import at_least_as_strong
 from turnkeeper.sandbox.bwrap import BwrapProvider
 from turnkeeper.sandbox.local import LocalProvider
 from turnkeeper.sandbox.ssh import SshProvider
@@ -48,3 +49,19 @@ def test_ssh_without_a_host_and_unknown_providers_are_clear_errors(tmp_path: Pat
         provider_for("ssh", Settings(data_dir=tmp_path))
     with pytest.raises(ConfigError, match="unknown sandbox provider"):
         provider_for("vm", Settings(data_dir=tmp_path))
+
+
+def test_providers_are_ranked_by_what_they_isolate() -> None:
+    ranked = ["local", "ssh", "bwrap"]
+    allowed = {
+        (asked, configured)
+        for asked in ranked
+        for configured in ranked
+        if at_least_as_strong(asked, configured)
+    }
+    assert allowed == {
+        ("local", "local"), ("ssh", "local"), ("bwrap", "local"),
+        ("ssh", "ssh"), ("bwrap", "ssh"),
+        ("bwrap", "bwrap"),
+    }  # fmt: skip
+    assert not at_least_as_strong("docker", "local")  # unknown: never stronger
