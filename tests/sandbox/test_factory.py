@@ -9,8 +9,8 @@ import pytest
 from turnkeeper.config import Settings
 from turnkeeper.errors import ConfigError
 from turnkeeper.sandbox import provider_for
-from turnkeeper.sandbox.factory import at_least_as_strong
 from turnkeeper.sandbox.bwrap import BwrapProvider
+from turnkeeper.sandbox.factory import at_least_as_strong
 from turnkeeper.sandbox.local import LocalProvider
 from turnkeeper.sandbox.ssh import SshProvider
 
