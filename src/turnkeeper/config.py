@@ -240,9 +240,7 @@ class Settings(BaseSettings):
     )
 
     # Web.
-    secret: SecretStr | None = Field(
-        default=None, description="Server secret: stream tokens."
-    )
+    secret: SecretStr | None = Field(default=None, description="Server secret: stream tokens.")
     web_host: str = "127.0.0.1"
     web_port: int = Field(default=8000, ge=0, le=65535)
     stream_token_ttl: float = Field(default=3600.0, gt=0)
