@@ -10,8 +10,8 @@ sandbox is gone) and the aligner suppresses what clients already have.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -74,11 +74,14 @@ class Placement:
     journals: list[JournalHandle] = field(default_factory=list)
 
     @classmethod
-    def of(cls, run: Run) -> Placement:
+    def of(cls, run: Run, env: Mapping[str, str]) -> Placement:
+        """The run's placement, its sandbox given back the env the store never keeps."""
         data = run.sandbox_ref or {}
-        sandbox = data.get("sandbox")
+        sandbox = SandboxRef.from_dict(data["sandbox"]) if data.get("sandbox") else None
+        if sandbox is not None:
+            sandbox = replace(sandbox, spec=replace(sandbox.spec, env=dict(env)))
         return cls(
-            sandbox=SandboxRef.from_dict(sandbox) if sandbox else None,
+            sandbox=sandbox,
             journals=[JournalHandle.from_dict(j) for j in data.get("journals", [])],
         )
 
@@ -101,6 +104,7 @@ class Attempt:
         payload = run.payload if isinstance(run.payload, dict) else {}
         self.prompt = str(payload.get("prompt", ""))
         self.spec = AgentSpec.from_payload(payload.get("agent", "scripted"))
+        self.env = runtime.agent_env(claim.run_id, payload, self.spec)
         self.provider = runtime.provider(payload.get("provider"))
         self.translator = translator_for(self.spec.format, claim.run_id)
         self.slot = self.store.get_turn_slot(claim.run_id)
@@ -108,7 +112,7 @@ class Attempt:
         self.output = RunOutput(
             self.store, self.run_log, claim, keeper.lost, self.run_log.snapshot(claim.run_id)
         )
-        self.placement = Placement.of(run)
+        self.placement = Placement.of(run, self.env)
         self._log = log.bind(run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
 
     # --- entry ------------------------------------------------------------------------
@@ -428,9 +432,7 @@ class Attempt:
         return None if ref is None else self.provider.resume(ref)
 
     def _create_sandbox(self) -> Sandbox:
-        spec = SandboxSpec(
-            env=dict(self.spec.env), journal_max_bytes=self.settings.journal_max_bytes
-        )
+        spec = SandboxSpec(env=self.env, journal_max_bytes=self.settings.journal_max_bytes)
         ref = self.provider.create(self.claim.run_id, spec)
         # Recorded with the first journal, before anything runs in it; a crash before
         # that leaves an empty orphan for the reaper.
