@@ -26,7 +26,7 @@ from turnkeeper.embedded import EmbeddedStack
 from turnkeeper.store import migration
 
 _STARTED_KEY = "_turnkeeper_started_servers"
-TEST_SECRET = "turnkeeper-test-secret-" + "0123456789abcdef" * 2  # noqa: S105 - tests only
+TEST_SECRET = "turnkeeper-test-secret-" + "0123456789abcdef" * 2
 _TEMPLATE_LOCK = 0x746B746D706C  # "tktmpl"
 
 

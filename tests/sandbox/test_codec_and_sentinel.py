@@ -3,10 +3,9 @@
 # ruff: noqa: S106 - sentinel keys in these tests are fixtures, not credentials
 from __future__ import annotations
 
-from dataclasses import replace
-
 import json
 import posixpath
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
