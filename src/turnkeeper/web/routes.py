@@ -99,7 +99,6 @@ def _add_run_routes(api: APIRouter) -> None:
         for value, what in ((body.run_id, "run_id"), (body.session_id, "session_id")):
             if value is not None:
                 check_id(value, what)
-        state.submit_rate.take(principal.name)
         admission = state.catalog.admit(
             body.agent,
             allow_commands=principal.allow_commands,
@@ -108,6 +107,7 @@ def _add_run_routes(api: APIRouter) -> None:
             timeout=body.timeout,
             max_attempts=body.max_attempts,
         )
+        state.submit_rate.take(principal.name)  # what would be admitted counts, not refusals
         run = state.client.submit(
             admission.agent,
             body.prompt,
