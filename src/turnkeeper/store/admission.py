@@ -96,26 +96,9 @@ class AdmissionMixin(StoreBase):
                 run = Run.from_row(inserted)
                 log.info("run.admitted", run_id=run_id, session_id=session_id, seq=run.seq)
                 return run, True
-            existing = tx.one(q.EXISTING_RUN, params)
-        if existing is None:  # deleted between the insert and the read: a conflict anyway
-            raise RunConflictError(
-                f"run {run_id!r} vanished during admission", run_id=run_id, reason="vanished"
-            )
-        values = dict(existing)
-        same_payload = values.pop("same_payload")
-        if values["key_name"] != key_name:
-            raise RunConflictError(
-                f"run id {run_id!r} is taken; choose another run id",
-                run_id=run_id,
-                reason="run-id-taken",
-            )
-        if not same_payload or values["session_id"] != session_id:
-            raise RunConflictError(
-                f"run {run_id!r} already exists with a different payload or session",
-                run_id=run_id,
-                reason="payload-differs" if not same_payload else "session-differs",
-            )
-        return Run.from_row(values), False
+            # Refused inside the transaction, so a refused replay leaves nothing behind
+            # (not even the session row ENSURE_SESSION may have just inserted).
+            return _replayed(tx.one(q.EXISTING_RUN, params), run_id, session_id, key_name), False
 
     def delete_session(self, session_id: str) -> int:
         """Delete a settled session's runs and transcript, keeping receipts of the runs.
@@ -166,3 +149,26 @@ def _check_key_quota(tx: Transaction, params: dict[str, Any]) -> None:
         reason="max-running",
         retry_after=MAX_RUNNING_RETRY_AFTER,
     )
+
+
+def _replayed(existing: Any, run_id: str, session_id: str, key_name: str | None) -> Run:
+    """The existing run when the admission replays it exactly; else a conflict."""
+    if existing is None:  # deleted between the insert and the read: a conflict anyway
+        raise RunConflictError(
+            f"run {run_id!r} vanished during admission", run_id=run_id, reason="vanished"
+        )
+    values = dict(existing)
+    same_payload = values.pop("same_payload")
+    if values["key_name"] != key_name:
+        raise RunConflictError(
+            f"run id {run_id!r} is taken; choose another run id",
+            run_id=run_id,
+            reason="run-id-taken",
+        )
+    if not same_payload or values["session_id"] != session_id:
+        raise RunConflictError(
+            f"run {run_id!r} already exists with a different payload or session",
+            run_id=run_id,
+            reason="payload-differs" if not same_payload else "session-differs",
+        )
+    return Run.from_row(values)

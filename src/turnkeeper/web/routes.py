@@ -12,6 +12,7 @@ import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
+import anyio
 import structlog
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse, Response
@@ -230,10 +231,12 @@ def _add_event_route(api: APIRouter, *, ping_seconds: float) -> None:
 
 
 async def _release(state: Any, key_name: str, slot: str) -> None:
-    try:
-        await state.stream_slots.release(key_name, slot)
-    except TurnkeeperError as exc:  # the slot lapses on its own within a minute
-        log.warning("sse.slot.release_failed", key_name=key_name, error=str(exc))
+    # Shielded: a client that went away cancels the stream, and this runs in its cleanup.
+    with anyio.CancelScope(shield=True):
+        try:
+            await state.stream_slots.release(key_name, slot)
+        except TurnkeeperError as exc:  # the slot lapses on its own within a minute
+            log.warning("sse.slot.release_failed", key_name=key_name, error=str(exc))
 
 
 def _add_service_routes(api: APIRouter) -> None:
