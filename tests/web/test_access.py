@@ -10,7 +10,14 @@ import httpx
 import pytest
 
 from tests.web.conftest import ApiKeys, WebServer, stream_tokens
-from turnkeeper.errors import AuthenticationError
+from turnkeeper.config import Settings
+from turnkeeper.errors import (
+    AuthenticationError,
+    InvalidInputError,
+    StoreError,
+    StoreUnavailableError,
+)
+from turnkeeper.web import create_app
 from turnkeeper.web.tokens import StreamTokens
 
 TOKENS = stream_tokens()
@@ -138,3 +145,39 @@ def test_path_and_offset_validation(http: httpx.Client) -> None:
         assert response.json()["error"].startswith("limit must be an integer from 1 to 1000")
     assert http.get("/runs?limit=1000").status_code == 200
     assert http.get("/runs?status=bogus").status_code == 400
+
+
+def test_database_and_driver_text_never_reaches_a_response(settings: Settings) -> None:
+    leaks = {
+        "unavailable": StoreUnavailableError(
+            'get_run: database unavailable: connection to server at "10.1.2.3" failed: FATAL'
+        ),
+        "failed": StoreError('list_runs failed: relation "runs_secret" does not exist'),
+        "refused": InvalidInputError(
+            'admit_run: the database refused a value: invalid input syntax "hunter2"',
+            reason="invalid-value",
+        ),
+    }
+    app = create_app(settings)
+
+    def fail(kind: str) -> None:
+        raise leaks[kind]
+
+    app.add_api_route("/fail/{kind}", fail)
+    server = WebServer.start_app(app)
+    try:
+        with server.http() as http:
+            answers = {kind: http.get(f"/fail/{kind}") for kind in leaks}
+    finally:
+        server.stop()
+    assert {kind: (r.status_code, r.json()) for kind, r in answers.items()} == {
+        "unavailable": (
+            503,
+            {
+                "error": "a service turnkeeper depends on is unavailable; retry later",
+                "reason": "unavailable",
+            },
+        ),
+        "failed": (500, {"error": "internal error", "reason": "internal-error"}),
+        "refused": (400, {"error": "a value was refused by the store", "reason": "invalid-value"}),
+    }

@@ -9,7 +9,8 @@ Access: every route needs ``Authorization: Bearer KEY`` (``turnkeeper keys
 create``) except ``/healthz``, the dashboard's pages and files, and a run's
 event stream opened with the signed, expiring token its ``stream_url`` carries.
 A run belongs to the key that submitted it (``turnkeeper.web.auth``); what a key
-may run is the agent catalog's business (``turnkeeper.agents.catalog``).
+may run is the agent catalog's business (``turnkeeper.agents.catalog``). The
+design is in ``docs/architecture.md`` ("API access and the server secret").
 """
 
 from __future__ import annotations
@@ -206,8 +207,12 @@ def _install_error_handlers(app: FastAPI) -> None:
         if status >= 500:
             # Database and driver text stays in the log, never in a response.
             log.warning("web.request.failed", error=str(exc))
-            message = _UNAVAILABLE if status == 503 else "internal error"
-            return JSONResponse({"error": message, "reason": "unavailable"}, status_code=status)
+            unavailable = status == 503
+            body = {
+                "error": _UNAVAILABLE if unavailable else "internal error",
+                "reason": "unavailable" if unavailable else "internal-error",
+            }
+            return JSONResponse(body, status_code=status)
         if exc.reason == "invalid-value":  # the database refused a value: its words stay here
             log.info("web.request.refused_value", error=str(exc))
             body = {"error": "a value was refused by the store", "reason": exc.reason}
