@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,3 +92,16 @@ def test_sealed_env_opens_only_for_its_run_under_its_secret() -> None:
     with pytest.raises(AgentError) as gone:
         sealer.open("run 1", {"digest": sealed["digest"]})
     assert gone.value.reason == "env-gone"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_fleet_processes_make_themselves_undumpable() -> None:
+    script = (
+        "import ctypes; from turnkeeper.secret import make_undumpable; "
+        "libc = ctypes.CDLL(None); before = libc.prctl(3, 0, 0, 0, 0); make_undumpable(); "
+        "print(before, libc.prctl(3, 0, 0, 0, 0))"  # 3 is PR_GET_DUMPABLE
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.split() == ["1", "0"]
