@@ -92,6 +92,14 @@ def test_fleet_commands_refuse_to_start_without_a_secret(
         assert result.returncode == 1, (command, result.stdout, result.stderr)
         assert result.stderr.startswith("error: TURNKEEPER_SECRET (at least 32 bytes) or "), command
         assert result.stderr.count("\n") == 1, result.stderr
+    agents = tmp_path / "agents.toml"
+    agents.write_text("[agents.x]\nprovider = 'docker'\n")
+    bad_catalog = run(
+        ["web"], {**env, "TURNKEEPER_SECRET": TEST_SECRET, "TURNKEEPER_AGENTS_FILE": str(agents)}
+    )
+    assert bad_catalog.returncode == 1
+    assert bad_catalog.stderr.startswith(f"error: TURNKEEPER_AGENTS_FILE ({agents}): agent 'x'")
+    assert bad_catalog.stderr.count("\n") == 1
     short = run(["worker"], {**env, "TURNKEEPER_SECRET": "too short"})
     assert short.returncode == 1
     assert short.stderr == "error: TURNKEEPER_SECRET: must be at least 32 bytes\n"

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 import uvicorn
 
+from turnkeeper.agents.catalog import Catalog
 from turnkeeper.cli.context import console, services, settings_from_env
 from turnkeeper.errors import ConfigError
 from turnkeeper.secret import ServerSecret, make_undumpable
@@ -41,6 +42,7 @@ def web(
     settings = settings_from_env(quiet=False)
     with services(settings, start=False) as resolved:
         ServerSecret.require(resolved, "to start the web app")
+        Catalog.load(resolved)  # a bad agents file is a one-line error here, not a traceback
         bind_host = host or resolved.web_host
         bind_port = resolved.web_port if port is None else port
         if not is_loopback(bind_host):
