@@ -22,8 +22,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from turnkeeper.errors import AgentError
 from turnkeeper.secret import ENV_DIGEST, ENV_SEALING, ServerSecret
@@ -44,6 +42,9 @@ class EnvSealer:
     """Seals and opens the env of runs under one server secret."""
 
     def __init__(self, secret: ServerSecret) -> None:
+        # Imported here, as in turnkeeper.secret: only runs with env values need it.
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: PLC0415
+
         self._aead = AESGCM(secret.subkey(ENV_SEALING))
         self._digest_key = secret.subkey(ENV_DIGEST)
 
@@ -67,6 +68,8 @@ class EnvSealer:
                 run_id=run_id,
                 reason="env-gone",
             )
+        from cryptography.exceptions import InvalidTag  # noqa: PLC0415
+
         version, _, body = sealed.partition(".")
         try:
             raw = base64.urlsafe_b64decode(body.encode()) if version == _VERSION else b""

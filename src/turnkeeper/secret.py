@@ -22,8 +22,6 @@ import sys
 from pathlib import Path
 
 import structlog
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from turnkeeper.config import ENV_PREFIX, MIN_SECRET_BYTES, Settings
 from turnkeeper.errors import ConfigError
@@ -57,6 +55,10 @@ class ServerSecret:
 
     def subkey(self, label: str, length: int = 32) -> bytes:
         """The key for one use (``label``), independent of every other label's."""
+        # Imported here: every command imports this module, few derive a key.
+        from cryptography.hazmat.primitives import hashes  # noqa: PLC0415
+        from cryptography.hazmat.primitives.kdf.hkdf import HKDF  # noqa: PLC0415
+
         hkdf = HKDF(algorithm=hashes.SHA256(), length=length, salt=None, info=label.encode())
         return hkdf.derive(self._material)
 
