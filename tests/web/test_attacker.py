@@ -236,6 +236,11 @@ def test_another_tenant_is_told_nothing_exists(target: Target, fleet: Fleet) -> 
         assert admin.get("/metrics").status_code == 200
     with target.http() as anonymous:
         assert anonymous.get(victim["stream_url"]).status_code == 200
+        # Revoking a key cuts off the stream URLs it was given, at once.
+        with Store(target.database_url, pool_size=1) as store:
+            store.revoke_key("alice")
+        cut = refused(target, anonymous, "GET", victim["stream_url"], 401)
+        assert cut.json()["reason"] == "revoked-key"
 
 
 def test_the_catalog_and_the_settings_only_tighten(target: Target, fleet: Fleet) -> None:
@@ -397,6 +402,11 @@ def test_the_access_log_has_no_query_strings(target: Target, fleet: Fleet) -> No
     token = victim["stream_url"].split("token=", 1)[1]
     with target.http() as anonymous:
         assert anonymous.get(victim["stream_url"]).status_code == 200
+        # Revoking a key cuts off the stream URLs it was given, at once.
+        with Store(target.database_url, pool_size=1) as store:
+            store.revoke_key("alice")
+        cut = refused(target, anonymous, "GET", victim["stream_url"], 401)
+        assert cut.json()["reason"] == "revoked-key"
         assert anonymous.get("/runs?limit=5&secret=hunter2").status_code == 401
     deadline = time.monotonic() + 30  # a hang guard: the log line is written after the response
     while "/events?…" not in target.log.read_text() and time.monotonic() < deadline:

@@ -82,6 +82,11 @@ class KeysMixin(StoreBase):
         log.info("key.revoked", key_name=name)
         return ApiKey.from_row(row)
 
+    def key_is_live(self, name: str) -> bool:
+        """Whether the key named ``name`` exists and is not revoked."""
+        row = self._db.one("key_is_live", q.KEY_IS_LIVE, {"name": check_key_name(name)})
+        return bool(row and row["exists"])
+
     def active_key_count(self) -> int:
         row = self._db.one("active_keys", q.ACTIVE_KEYS, {})
         return int(row["count"]) if row is not None else 0

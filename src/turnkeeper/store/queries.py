@@ -469,6 +469,10 @@ RETURNING $key_columns
 
 ACTIVE_KEYS = text("SELECT count(*) FROM api_keys WHERE revoked_at IS NULL")
 
+KEY_IS_LIVE = text(
+    "SELECT EXISTS (SELECT 1 FROM api_keys WHERE name = :name AND revoked_at IS NULL)"
+)
+
 # --- reads and the reconciler ----------------------------------------------------------
 
 GET_RUN = _sql("SELECT $run_columns FROM runs WHERE run_id = :run_id")

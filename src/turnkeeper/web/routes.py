@@ -21,7 +21,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
-from turnkeeper.errors import InvalidInputError, SessionNotFoundError, TurnkeeperError
+from turnkeeper.errors import (
+    AuthenticationError,
+    InvalidInputError,
+    SessionNotFoundError,
+    TurnkeeperError,
+)
 from turnkeeper.log.quota import STREAM_RENEW_SECONDS
 from turnkeeper.store.records import Run, check_id
 from turnkeeper.web import sse
@@ -191,6 +196,16 @@ def _add_event_route(api: APIRouter, *, ping_seconds: float) -> None:
         else:
             state.tokens.verify(token, run_id)
             run = await run_in_threadpool(state.client.require, run_id)
+            # A token outlives nothing: revoking its key cuts off the stream URLs it got.
+            owner = run.key_name
+            if owner is not None and not await run_in_threadpool(
+                state.client.store.key_is_live, owner
+            ):
+                raise AuthenticationError(
+                    "the key this stream token was issued to is revoked",
+                    run_id=run_id,
+                    reason="revoked-key",
+                )
         sse.check_start(run, await state.run_log.state(run_id), after)
         # Streams count against the caller's key, or the run's owner for a token
         # (a trusted client's run, owned by no key, is not counted).
