@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import anyio
 import structlog
@@ -32,6 +32,9 @@ from turnkeeper.store.records import Run, check_id
 from turnkeeper.web import sse
 from turnkeeper.web.auth import Principal, authenticate, bearer_key, require_visible
 from turnkeeper.web.views import entry_view, events_path, run_view
+
+if TYPE_CHECKING:
+    from turnkeeper.web.app import WebState
 
 log = structlog.get_logger(__name__)
 
@@ -79,8 +82,9 @@ def api_router(*, ping_seconds: float) -> APIRouter:
     return api
 
 
-def _state(request: Request) -> Any:
-    return request.app.state.web
+def _state(request: Request) -> WebState:
+    state: WebState = request.app.state.web
+    return state
 
 
 def _described(request: Request, run: Run) -> dict[str, Any]:
@@ -245,7 +249,7 @@ def _add_event_route(api: APIRouter, *, ping_seconds: float) -> None:
         )
 
 
-async def _release(state: Any, key_name: str, slot: str) -> None:
+async def _release(state: WebState, key_name: str, slot: str) -> None:
     # Shielded: a client that went away cancels the stream, and this runs in its cleanup.
     with anyio.CancelScope(shield=True):
         try:
