@@ -21,6 +21,7 @@ least as strong, env names the catalog does not fix.
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from turnkeeper.errors import (
 )
 
 PROVIDERS = ("local", "bwrap", "ssh")
+_AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _POLICY_FIELDS = ("env", "env_from", "provider", "timeout", "max_attempts")
 
 
@@ -187,8 +189,8 @@ def _catalog_agent(where: str, name: str, body: Any) -> CatalogAgent:
 
     if not isinstance(body, dict):
         raise bad("must be a table")
-    if not name or len(name) > 64 or not name.replace("-", "").replace("_", "").isalnum():
-        raise bad("a name is letters, digits, '-' and '_'")
+    if _AGENT_NAME.fullmatch(name) is None:
+        raise bad("a name is 1 to 64 ASCII letters, digits, '-' and '_'")
     values = dict(body)
     policy = {k: values.pop(k) for k in _POLICY_FIELDS if k in values}
     env = policy.get("env", {})
