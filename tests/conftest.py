@@ -18,6 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 import redis
+from pydantic import SecretStr
 from sqlalchemy.engine import make_url
 
 from turnkeeper.config import Settings, plain_postgres_url
@@ -25,6 +26,7 @@ from turnkeeper.embedded import EmbeddedStack
 from turnkeeper.store import migration
 
 _STARTED_KEY = "_turnkeeper_started_servers"
+TEST_SECRET = "turnkeeper-test-secret-" + "0123456789abcdef" * 2
 _TEMPLATE_LOCK = 0x746B746D706C  # "tktmpl"
 
 
@@ -150,4 +152,5 @@ def settings(database_url: str, redis_url: str, namespace: str, tmp_path: Path) 
         redis_url=redis_url,
         namespace=namespace,
         data_dir=tmp_path / "data",
+        secret=SecretStr(TEST_SECRET),
     )

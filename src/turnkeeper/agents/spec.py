@@ -13,6 +13,10 @@ exactly ``{prompt}`` is replaced by the prompt (the presets have one); a
 command without it does not get the prompt. Substitution is by whole element
 only, so no prompt is ever parsed by a shell or spliced into another argument.
 
+Secrets the operator keeps out of Postgres: ``env_from`` lists names of the
+worker's own environment variables that the worker passes to the agent when it
+builds the sandbox (only the operator's agent catalog may set it over HTTP).
+
 Continuation (a new process after the sandbox was lost): ``continue`` false
 means the agent cannot continue; true means run ``command`` again with the
 continuation prompt; a list is the continuation argv, in which the whole
@@ -23,6 +27,7 @@ at) are replaced.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -36,6 +41,7 @@ PROMPT = "{prompt}"
 SESSION_ID = "{session_id}"
 START_TURN = "{start_turn}"
 PRESETS = ("scripted", "claude-code", "codex")
+_ENV_FROM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
 def _check_argv(argv: list[str]) -> list[str]:
@@ -54,6 +60,7 @@ class AgentSpec(BaseModel):
     command: list[str]
     format: Format
     env: dict[str, str] = Field(default_factory=dict)
+    env_from: list[str] = Field(default_factory=list)
     continue_: bool | list[str] = Field(default=False, alias="continue")
     preset: str | None = None
     """The preset this spec came from, kept so :meth:`to_payload` stays portable."""
@@ -77,6 +84,14 @@ class AgentSpec(BaseModel):
                 raise ValueError(f"invalid environment variable name {key!r}")
         return value
 
+    @field_validator("env_from")
+    @classmethod
+    def _env_from(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not _ENV_FROM_NAME.fullmatch(name) or name.upper().startswith("TURNKEEPER_"):
+                raise ValueError(f"env_from cannot pass the worker variable {name!r}")
+        return value
+
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any] | str) -> AgentSpec:
         """Validate a payload (or a preset name); AgentError says what is wrong."""
@@ -85,24 +100,32 @@ class AgentSpec(BaseModel):
         if not isinstance(payload, Mapping):
             raise AgentError("an agent spec must be an object or a preset name", reason="bad-spec")
         if "preset" in payload:
-            return _preset(dict(payload))
+            values = dict(payload)
+            env_from = values.pop("env_from", [])
+            spec = _preset(values)
+            if not env_from:
+                return spec
+            payload = {**spec.model_dump(by_alias=True), "env_from": env_from}
         try:
             return cls.model_validate(dict(payload))
         except ValidationError as exc:
             raise AgentError(f"invalid agent spec: {_first_error(exc)}", reason="bad-spec") from exc
 
     def to_payload(self) -> dict[str, Any]:
+        passed = {"env_from": list(self.env_from)} if self.env_from else {}
         if self.preset is not None:
             return {
                 "preset": self.preset,
                 **self.options,
                 **({"env": self.env} if self.env else {}),
+                **passed,
             }
         return {
             "command": list(self.command),
             "format": self.format,
             "env": dict(self.env),
             "continue": self.continue_,
+            **passed,
         }
 
     @property

@@ -181,6 +181,7 @@ class Attempt:
         payload = run.payload if isinstance(run.payload, dict) else {}
         self.prompt = str(payload.get("prompt", ""))
         self.spec = AgentSpec.from_payload(payload.get("agent", "scripted"))
+        self.env = runtime.agent_env(claim.run_id, payload, self.spec)
         self.replay = Replay(claim.run_id, run.session_id, self.spec.format)
         self.slot = self.store.get_turn_slot(claim.run_id)
         self.recorder = TurnRecorder(self.store, claim, run.session_id, ownership, self.slot)
@@ -192,10 +193,8 @@ class Attempt:
             self.store,
             ownership,
             claim,
-            Placement.of(run),
-            spec=SandboxSpec(
-                env=dict(self.spec.env), journal_max_bytes=self.settings.journal_max_bytes
-            ),
+            Placement.of(run, self.env),
+            spec=SandboxSpec(env=self.env, journal_max_bytes=self.settings.journal_max_bytes),
             secret=runtime.secret,
         )
         self._log = log.bind(run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)

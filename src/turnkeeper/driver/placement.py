@@ -14,7 +14,8 @@ Every sentinel nonce the driver needs is looked up here (``nonce_of``,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -70,11 +71,14 @@ class Placement:
     journals: list[PlacedJournal] = field(default_factory=list)
 
     @classmethod
-    def of(cls, run: Run) -> Placement:
+    def of(cls, run: Run, env: Mapping[str, str]) -> Placement:
+        """The run's placement, its sandbox given back the env the store never keeps."""
         data = run.sandbox_ref or {}
-        sandbox = data.get("sandbox")
+        sandbox = SandboxRef.from_dict(data["sandbox"]) if data.get("sandbox") else None
+        if sandbox is not None:
+            sandbox = replace(sandbox, spec=replace(sandbox.spec, env=dict(env)))
         return cls(
-            sandbox=SandboxRef.from_dict(sandbox) if sandbox else None,
+            sandbox=sandbox,
             journals=[PlacedJournal.from_dict(j) for j in data.get("journals", [])],
         )
 

@@ -36,7 +36,10 @@ class SandboxSpec:
     """How a sandbox is built and what its agents get.
 
     ``env`` is the only part of any environment an agent sees beyond the minimal base
-    (PATH, HOME, LANG, TERM): the worker's own environment never reaches it.
+    (PATH, HOME, LANG, TERM): the worker's own environment never reaches it. Its
+    values stay in the worker's memory: ``to_dict`` (what the run store keeps) has
+    only their names, and the driver gives a resumed sandbox its env back from the
+    run's sealed payload.
     """
 
     env: Mapping[str, str] = field(default_factory=dict)
@@ -47,7 +50,7 @@ class SandboxSpec:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data["env"] = dict(self.env)
+        data["env"] = dict.fromkeys(sorted(self.env), "")
         return data
 
     @classmethod
