@@ -147,15 +147,12 @@ class Report:
         return True
 
 
-def run(argv: list[str], *, env: dict[str, str] | None = None, timeout: float = 1800) -> str:
+def podman(*args: str, timeout: float = 600) -> str:
+    """``podman ARGS``' stdout; CalledProcessError (with its stderr) when it fails."""
     done = subprocess.run(
-        argv, env=env, capture_output=True, text=True, timeout=timeout, check=True, cwd=REPO
+        ["podman", *args], capture_output=True, text=True, timeout=timeout, check=True, cwd=REPO
     )
     return done.stdout
-
-
-def podman(*args: str, timeout: float = 600) -> str:
-    return run(["podman", *args], timeout=timeout)
 
 
 class Stack:
@@ -180,7 +177,7 @@ class Stack:
             "WORKER_CONCURRENCY": "2",
         }
 
-    def compose(self, *args: str, workers: int | None = None) -> str:
+    def compose(self, *args: str, workers: int | None = None) -> None:
         env = dict(self.env)
         if workers is not None:
             env["WORKERS"] = str(workers)
@@ -193,7 +190,6 @@ class Stack:
             )  # fmt: skip
         if done.returncode != 0:
             raise CheckError(f"podman-compose {' '.join(args)} failed (see {log.name})")
-        return log.name
 
     def container(self, service: str, number: int = 1) -> str:
         return f"{PROJECT}_{service}_{number}"
@@ -369,13 +365,12 @@ class Check:
     def base(self) -> str:
         if self.base_image:
             return f"{self.base_image} (TURNKEEPER_BASE_IMAGE)"
-        for candidate in (REGISTRY_BASE,):
-            pulled = subprocess.run(
-                ["podman", "pull", "-q", candidate], capture_output=True, timeout=600, check=False
-            )
-            if pulled.returncode == 0:
-                self.base_image = candidate
-                return f"{candidate} from the registry"
+        pulled = subprocess.run(
+            ["podman", "pull", "-q", REGISTRY_BASE], capture_output=True, timeout=600, check=False
+        )
+        if pulled.returncode == 0:
+            self.base_image = REGISTRY_BASE
+            return f"{REGISTRY_BASE} from the registry"
         made = subprocess.run(
             [str(REPO / "scripts" / "container-base"), LOCAL_BASE],
             capture_output=True, text=True, check=True, timeout=1800,
