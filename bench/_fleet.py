@@ -7,6 +7,7 @@ servers (started if needed, left as they were found).
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from pydantic import SecretStr
 from sqlalchemy.engine import make_url
 
 from turnkeeper.config import Settings, load_settings, plain_postgres_url
@@ -60,6 +62,8 @@ class BenchFleet:
 
 @contextmanager
 def bench_fleet(data_dir: Path, **overrides: Any) -> Iterator[BenchFleet]:
+    # Fleet processes refuse to start without a server secret: a random one per bench.
+    secret = str(overrides.pop("secret", None) or secrets.token_urlsafe(32))
     base, _ = resolve_services(load_settings(), start=True)
     admin = plain_postgres_url(base.require_database_url())
     name = f"tk_bench_{uuid.uuid4().hex[:12]}"
@@ -72,6 +76,7 @@ def bench_fleet(data_dir: Path, **overrides: Any) -> Iterator[BenchFleet]:
             "database_url": url,
             "namespace": f"bench-{uuid.uuid4().hex[:8]}",
             "data_dir": data_dir,
+            "secret": SecretStr(secret),
             **overrides,
         }
     )
@@ -82,6 +87,7 @@ def bench_fleet(data_dir: Path, **overrides: Any) -> Iterator[BenchFleet]:
         TURNKEEPER_NAMESPACE=settings.namespace,
         TURNKEEPER_DATA_DIR=str(data_dir),
         TURNKEEPER_LOG_LEVEL="WARNING",
+        TURNKEEPER_SECRET=secret,
     )
     for key, value in overrides.items():
         env[f"TURNKEEPER_{key.upper()}"] = str(value)

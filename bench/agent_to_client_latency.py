@@ -32,6 +32,7 @@ import redis.asyncio
 from _fleet import bench_fleet, percentile
 from turnkeeper.client import Client
 from turnkeeper.logconfig import configure_logging
+from turnkeeper.secret import STREAM_TOKENS, ServerSecret
 from turnkeeper.web.serve import free_port
 from turnkeeper.web.sse import parse_stream
 from turnkeeper.web.tokens import StreamTokens
@@ -140,7 +141,7 @@ def main() -> None:
             except httpx.HTTPError:
                 time.sleep(0.1)
         client = Client.from_settings(fleet.settings)
-        tokens = StreamTokens(secret.encode(), 600)
+        tokens = StreamTokens(ServerSecret(secret.encode()).subkey(STREAM_TOKENS), 600)
         print(f"agent prints a timestamp every {GAP * 1000:.0f} ms, {args.lines} lines")
         print(f"{'clients':>7} {'path':<36} {'events':>7} {'p50 ms':>8} {'p99 ms':>8}")
         for n in (1, 200):

@@ -38,6 +38,7 @@ from sqlalchemy.engine import make_url
 from turnkeeper.config import Settings, plain_postgres_url
 from turnkeeper.embedded import resolve_services
 from turnkeeper.log import AsyncRunLog, RunLog
+from turnkeeper.secret import STREAM_TOKENS, ServerSecret
 from turnkeeper.store import migration
 from turnkeeper.store.store import Store
 from turnkeeper.web.serve import free_port
@@ -109,7 +110,8 @@ async def measure(  # noqa: PLR0917 - one call site, read as a table row
     thread = threading.Thread(target=writer, args=(log, runs, rounds, gap, ready))
     thread.start()
     if mode == "sse":
-        tokens = StreamTokens(settings.secret.get_secret_value().encode(), 600)  # type: ignore[union-attr]
+        secret = settings.secret.get_secret_value().encode()  # type: ignore[union-attr]
+        tokens = StreamTokens(ServerSecret(secret).subkey(STREAM_TOKENS), 600)
         limits = httpx.Limits(max_connections=streams + 10)
         async with httpx.AsyncClient(base_url=base_url, timeout=120, limits=limits) as http:
             await asyncio.gather(

@@ -18,6 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 import redis
+from pydantic import SecretStr
 from sqlalchemy.engine import make_url
 
 from tests.sandboxes import release_sandboxes
@@ -26,6 +27,7 @@ from turnkeeper.embedded import EmbeddedStack
 from turnkeeper.store import migration
 
 _STARTED_KEY = "_turnkeeper_started_servers"
+TEST_SECRET = "turnkeeper-test-secret-" + "0123456789abcdef" * 2
 _TEMPLATE_LOCK = 0x746B746D706C  # "tktmpl"
 
 
@@ -157,6 +159,7 @@ def settings(
         redis_url=redis_url,
         namespace=namespace,
         data_dir=tmp_path / "data",
+        secret=SecretStr(TEST_SECRET),
     )
     yield settings
     release_sandboxes(settings)

@@ -32,7 +32,7 @@ def test_reads_prefixed_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TURNKEEPER_REDIS_URL", "redis://cache:6380/2")
     monkeypatch.setenv("TURNKEEPER_LEASE_TTL", "2.5")
     monkeypatch.setenv("TURNKEEPER_HEARTBEAT_INTERVAL", "0.5")
-    monkeypatch.setenv("TURNKEEPER_SECRET", "s3cret")
+    monkeypatch.setenv("TURNKEEPER_SECRET", "s3cret-" + "x" * 25)
     settings = load_settings()
     assert settings.database_url == "postgresql://u@db:5433/app"
     assert settings.lease_ttl == 2.5
@@ -40,8 +40,15 @@ def test_reads_prefixed_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not settings.uses_embedded
     assert settings.effective_broker_url == "redis://cache:6380/2"
     assert settings.secret is not None
-    assert settings.secret.get_secret_value() == "s3cret"
+    assert settings.secret.get_secret_value() == "s3cret-" + "x" * 25
     assert "s3cret" not in repr(settings)
+
+
+def test_a_short_secret_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TURNKEEPER_SECRET", "x" * 31)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert caught.value.message == "TURNKEEPER_SECRET: must be at least 32 bytes"
 
 
 def test_broker_url_overrides_redis() -> None:

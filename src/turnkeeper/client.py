@@ -9,10 +9,17 @@ Synchronous and thread-safe, so any framework can call it without an event loop:
 
 ``submit`` is idempotent by ``run_id``: the same id with the same request returns
 the existing run; a different request under that id is a ``RunConflictError``.
+
+The client talks to the store directly, so it is trusted: it may run any agent and
+see every run. ``key_name`` submits on behalf of an API key (the run then belongs
+to that key's tenant and counts against its ``max_running``). Env values are
+sealed before they reach the store (``turnkeeper.envelope``), which needs the
+server secret.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -24,8 +31,10 @@ from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
 from turnkeeper.driver import lifecycle
 from turnkeeper.driver.output import end_log
+from turnkeeper.envelope import EnvSealer
 from turnkeeper.errors import InvalidInputError, RunNotFoundError
 from turnkeeper.log import RunLog
+from turnkeeper.secret import ServerSecret
 from turnkeeper.store.records import Run, RunStatus, TranscriptEntry
 from turnkeeper.store.store import Store
 from turnkeeper.tasks import create_app, enqueue_run
@@ -37,6 +46,8 @@ class Client:
         self.store = store
         self.log = log
         self.app = app
+        self._sealer: EnvSealer | None = None
+        self._sealer_lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Client:
@@ -68,6 +79,15 @@ class Client:
     def __exit__(self, *_: object) -> None:
         self.close()
 
+    @property
+    def sealer(self) -> EnvSealer:
+        """Seals env values; built on first use, as only runs with env need the secret."""
+        with self._sealer_lock:
+            if self._sealer is None:
+                secret = ServerSecret.require(self.settings, "to submit a run with env values")
+                self._sealer = EnvSealer(secret)
+            return self._sealer
+
     # --- runs -------------------------------------------------------------------------
 
     def submit(
@@ -81,17 +101,20 @@ class Client:
         provider: str | None = None,
         max_attempts: int | None = None,
         timeout: float | None = None,
+        key_name: str | None = None,
     ) -> Run:
         """Admit a run and enqueue it; idempotent by ``run_id``.
 
         ``agent`` is a preset name (``scripted``, ``claude-code``, ``codex``) or an
         agent spec (``{"command": [...], "format": ..., "env": {...}}``). ``env``
         adds variables to the agent's minimal environment: nothing else of this
-        process's environment reaches it.
+        process's environment reaches it. ``key_name`` submits on behalf of that
+        API key.
         """
         spec = AgentSpec.from_payload(agent if isinstance(agent, str) else dict(agent))
+        merged_env = {**spec.env, **dict(env or {})}
         if env:
-            spec = spec.model_copy(update={"env": {**spec.env, **dict(env)}})
+            spec = spec.model_copy(update={"env": merged_env})
             spec = AgentSpec.from_payload(spec.to_payload())  # validate the merged env
         if not isinstance(prompt, str):
             raise InvalidInputError("prompt must be a string", reason="invalid-prompt")
@@ -101,13 +124,18 @@ class Client:
                 reason="invalid-provider",
             )
         run_id = run_id or str(uuid7())
-        payload = {"agent": spec.to_payload(), "prompt": prompt, "provider": provider}
+        # Env values are stored sealed, apart from the spec, never in plaintext.
+        unsealed = spec.model_copy(update={"env": {}}).to_payload()
+        payload: dict[str, Any] = {"agent": unsealed, "prompt": prompt, "provider": provider}
+        if merged_env:
+            payload["env"] = self.sealer.seal(run_id, merged_env)
         run, created = self.store.admit_run(
             run_id,
             session_id or run_id,
             payload,
             max_attempts=max_attempts or self.settings.max_attempts,
             deadline=timeout or self.settings.run_timeout,
+            key_name=key_name,
         )
         if created or run.status is RunStatus.QUEUED:
             enqueue_run(self.app, self.settings, run_id)
@@ -136,9 +164,17 @@ class Client:
         return run
 
     def list_runs(
-        self, *, status: str | None = None, session_id: str | None = None, limit: int = 50
+        self,
+        *,
+        status: str | None = None,
+        session_id: str | None = None,
+        key_name: str | None = None,
+        limit: int = 50,
     ) -> list[Run]:
-        return self.store.list_runs(status=status, session_id=session_id, limit=limit)
+        """The newest runs first; of one key's tenant when ``key_name`` is given."""
+        return self.store.list_runs(
+            status=status, session_id=session_id, key_name=key_name, limit=limit
+        )
 
     # --- output -----------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from turnkeeper.errors import ConfigError
 
 ENV_PREFIX = "TURNKEEPER_"
+MIN_SECRET_BYTES = 32
 
 _POSTGRES_SCHEMES = {"postgres", "postgresql"}
 _REDIS_SCHEMES = {"redis", "rediss", "unix"}
@@ -239,11 +240,32 @@ class Settings(BaseSettings):
         default=7 * 86400.0, gt=0, description="How long settled runs keep segments and slots."
     )
 
+    # The server secret: every keyed value (stream tokens, sealed env values) derives from it.
+    secret: SecretStr | None = Field(
+        default=None, description=f"Server secret, at least {MIN_SECRET_BYTES} bytes."
+    )
+    secret_file: Path | None = Field(default=None, description="A file holding the secret.")
+
     # Web.
-    secret: SecretStr | None = Field(default=None, description="Server secret: stream tokens.")
     web_host: str = "127.0.0.1"
     web_port: int = Field(default=8000, ge=0, le=65535)
     stream_token_ttl: float = Field(default=3600.0, gt=0)
+    allowed_hosts: str = Field(
+        default="localhost,127.0.0.1,[::1]",
+        description="Comma-separated Host header values the web app answers ('*.d' matches "
+        "subdomains of d, '*' any host).",
+    )
+    max_body_bytes: int = Field(default=1024 * 1024, gt=0, description="Request body limit.")
+    agents_file: Path | None = Field(
+        default=None, description="The operator's agent catalog (TOML) for HTTP submissions."
+    )
+    submit_rate: float = Field(
+        default=60.0, gt=0, description="Submissions per minute per API key (sustained)."
+    )
+    submit_burst: int = Field(default=20, ge=1, description="Submissions per API key at once.")
+    max_streams_per_key: int = Field(
+        default=64, ge=1, description="Open event streams per API key, across web processes."
+    )
 
     # Embedded servers (0: pick a free port on first start, then keep it).
     embedded_postgres_port: int = Field(default=0, ge=0, le=65535)
@@ -304,6 +326,25 @@ class Settings(BaseSettings):
             raise ValueError("expected comma-separated host:port entries")  # noqa: TRY004 - pydantic reports ValueErrors
         return parse_egress_allowlist(value)
 
+    @field_validator("secret")
+    @classmethod
+    def _secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():
+            return None
+        if len(value.get_secret_value().encode()) < MIN_SECRET_BYTES:
+            raise ValueError(f"must be at least {MIN_SECRET_BYTES} bytes")
+        return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _allowed_hosts(cls, value: str) -> str:
+        for host in (h.strip() for h in value.split(",")):
+            if not host:
+                raise ValueError("an empty host name in the list")
+            if "*" in host[1:] or (host.startswith("*") and host != "*" and host[:2] != "*."):
+                raise ValueError(f"a wildcard must look like '*.example.com', got {host!r}")
+        return value
+
     @model_validator(mode="after")
     def _intervals(self) -> Self:
         if self.heartbeat_interval >= self.lease_ttl:
@@ -339,6 +380,10 @@ class Settings(BaseSettings):
     def sandbox_uid_range(self) -> tuple[int, int]:
         first, last = (int(n) for n in self.sandbox_uids.split("-"))
         return first, last
+
+    @property
+    def trusted_hosts(self) -> list[str]:
+        return [host.strip().lower() for host in self.allowed_hosts.split(",")]
 
     @property
     def sandboxes_dir(self) -> Path:

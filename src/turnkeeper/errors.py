@@ -242,5 +242,21 @@ class RunNotFoundError(ClientError):
     """No run has this run_id."""
 
 
-class AccessDeniedError(ClientError):
-    """The stream token is missing, wrong or expired."""
+class SessionNotFoundError(ClientError):
+    """No session has this session_id."""
+
+
+class AuthenticationError(ClientError):
+    """No valid API key or stream token came with the request."""
+
+
+class NotPermittedError(ClientError):
+    """The API key may not do this (a scope or the agent catalog forbids it)."""
+
+
+class QuotaExceededError(ClientError):
+    """The API key is over one of its quotas; retry after ``retry_after`` seconds."""
+
+
+class ApiKeyError(StoreError):
+    """An API key cannot be created, found or used under this name."""

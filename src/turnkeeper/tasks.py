@@ -30,6 +30,7 @@ from kombu import Queue
 
 from turnkeeper import driver, reconciler
 from turnkeeper.config import Settings
+from turnkeeper.secret import make_undumpable
 from turnkeeper.workers.runtime import close_runtimes, runtime_for
 
 RUN_TURN = "turnkeeper.run_turn"
@@ -114,6 +115,7 @@ def _register_tasks(app: Celery, settings: Settings) -> None:
         reconciler.prune(runtime_for(settings))
 
     def open_after_fork(**_: Any) -> None:
+        make_undumpable()  # inherited from the parent already; said again for any pool kind
         runtime_for(settings)  # connections belong to the child, opened after the fork
 
     # Signals are process-wide: one handler per distinct settings, however many apps.

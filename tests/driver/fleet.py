@@ -67,6 +67,8 @@ class Fleet:
             TURNKEEPER_DATA_DIR=str(settings.data_dir),
             TURNKEEPER_LOG_FORMAT="json",
         )
+        if settings.secret is not None:
+            env["TURNKEEPER_SECRET"] = settings.secret.get_secret_value()
         logs.mkdir(parents=True, exist_ok=True)
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         return cls(settings=fleet_settings, env=env, logs=logs)

@@ -11,12 +11,19 @@ for the tests to inspect.
   (what Claude Code speaks);
 - :class:`ResponsesScript`: ``POST /v1/responses``, Responses API streaming events
   (what Codex speaks).
+
+``python model_server.py --api anthropic --host 0.0.0.0 --port 8080 --pace 0.2`` serves one
+script until interrupted (the file needs only the standard library, so it runs in any
+container with a Python); ``--pace`` spaces the stream events out, so a run lasts long
+enough to be disrupted, without changing a byte of what is sent.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -315,6 +322,10 @@ class ModelServer:
 
     script: Script
     requests: list[Request] = field(default_factory=list)
+    host: str = "127.0.0.1"
+    port_wanted: int = 0
+    pace: float = 0.0
+    """Seconds between two stream events."""
     _server: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
 
@@ -325,13 +336,13 @@ class ModelServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def scripted_requests(self) -> list[Request]:
         return [r for r in self.requests if r.path.split("?")[0] == self.script.endpoint]
 
     def __enter__(self) -> ModelServer:
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server = ThreadingHTTPServer((self.host, self.port_wanted), _handler_for(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, args=(0.05,), daemon=True
@@ -401,6 +412,8 @@ def _handler_for(server: ModelServer) -> type[BaseHTTPRequestHandler]:
             for frame in _sse(server.script.events(body)):
                 self.wfile.write(frame)
                 self.wfile.flush()
+                if server.pace:
+                    time.sleep(server.pace)
             self.close_connection = True
 
     return Handler
@@ -409,3 +422,23 @@ def _handler_for(server: ModelServer) -> type[BaseHTTPRequestHandler]:
 def _sse(events: list[Event]) -> Iterator[bytes]:
     for name, data in events:
         yield f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+SCRIPTS: dict[str, type[Script]] = {"anthropic": AnthropicScript, "responses": ResponsesScript}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Serve a scripted model API until interrupted.")
+    parser.add_argument("--api", choices=sorted(SCRIPTS), default="anthropic")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--pace", type=float, default=0.0, help="seconds between stream events")
+    args = parser.parse_args()
+    server = ModelServer(SCRIPTS[args.api](), host=args.host, port_wanted=args.port, pace=args.pace)
+    with server:
+        print(f"serving {args.api} on {server.base_url}", flush=True)
+        threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -92,8 +92,8 @@ class DaemonWatch(threading.Thread):
 
 def test_a_hostile_agent_gets_nothing(fleet: Fleet, settings: Settings) -> None:
     marks = _markers()
+    marks["secret"] = fleet.env["TURNKEEPER_SECRET"]  # the worker's server secret
     database = settings.require_database_url()
-    fleet.env["TURNKEEPER_SECRET"] = marks["secret"]
     fleet.start_worker(concurrency=2)
 
     victim_env = {"VICTIM_TOKEN": marks["env"], "VICTIM_FILE_TEXT": marks["file"],

@@ -1,19 +1,48 @@
-"""A real stack for web tests: worker and beat processes plus the web app served by uvicorn."""
+"""A real stack for web tests: worker and beat processes plus the web app served by uvicorn,
+and API keys in the test's database."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 from fastapi import FastAPI
-from pydantic import SecretStr
 
+from tests.conftest import TEST_SECRET
 from tests.driver.fleet import Fleet
 from turnkeeper.config import Settings
+from turnkeeper.secret import STREAM_TOKENS, ServerSecret
+from turnkeeper.store.store import Store
 from turnkeeper.web import create_app
 from turnkeeper.web.serve import BackgroundServer
+from turnkeeper.web.tokens import StreamTokens
+
+
+def stream_tokens(ttl: float = 60) -> StreamTokens:
+    """Tokens as the test apps issue them (same secret, same subkey)."""
+    return StreamTokens(ServerSecret(TEST_SECRET.encode()).subkey(STREAM_TOKENS), ttl)
+
+
+@dataclass(frozen=True)
+class ApiKeys:
+    """Keys of the test's database: an admin, a tenant that may send commands, and one
+    that may only run the catalog's agents."""
+
+    admin: str
+    alice: str
+    bob: str
+
+    @classmethod
+    def create(cls, settings: Settings) -> ApiKeys:
+        with Store(settings.require_database_url(), pool_size=1) as store:
+            return cls(
+                admin=store.create_key("admin", admin=True, allow_commands=True),
+                alice=store.create_key("alice", allow_commands=True),
+                bob=store.create_key("bob"),
+            )
 
 
 class WebServer(BackgroundServer):
@@ -24,8 +53,14 @@ class WebServer(BackgroundServer):
         started = BackgroundServer.start(app)
         return cls(server=started.server, thread=started.thread, base_url=started.base_url)
 
-    def http(self) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(60.0))
+    def http(self, key: str | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(60.0), headers=headers)
+
+
+@pytest.fixture
+def api_keys(settings: Settings) -> ApiKeys:
+    return ApiKeys.create(settings)
 
 
 @pytest.fixture
@@ -40,12 +75,18 @@ def fleet(settings: Settings, tmp_path: Path) -> Iterator[Fleet]:
         fleet.stop()
 
 
-SECRET = "web-test-secret"  # noqa: S105 - the server secret of test apps
+@pytest.fixture
+def web(fleet: Fleet, api_keys: ApiKeys) -> Iterator[WebServer]:
+    server = WebServer.start_app(create_app(fleet.settings, ping_seconds=0.5))
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture
-def web(fleet: Fleet) -> Iterator[WebServer]:
-    settings = fleet.settings.model_copy(update={"secret": SecretStr(SECRET)})
+def bare_web(settings: Settings, api_keys: ApiKeys) -> Iterator[WebServer]:
+    """The web app alone (no workers): submitted runs stay queued."""
     server = WebServer.start_app(create_app(settings, ping_seconds=0.5))
     try:
         yield server
@@ -54,18 +95,7 @@ def web(fleet: Fleet) -> Iterator[WebServer]:
 
 
 @pytest.fixture
-def bare_web(settings: Settings) -> Iterator[WebServer]:
-    """The web app alone (no workers): submitted runs stay queued."""
-    server = WebServer.start_app(
-        create_app(settings.model_copy(update={"secret": SecretStr(SECRET)}), ping_seconds=0.5)
-    )
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def http(web: WebServer) -> Iterator[httpx.Client]:
-    with web.http() as client:
+def http(web: WebServer, api_keys: ApiKeys) -> Iterator[httpx.Client]:
+    """A client with alice's key (a tenant that may send inline commands)."""
+    with web.http(api_keys.alice) as client:
         yield client

@@ -1,4 +1,4 @@
-"""Stream tokens, pluggable auth, and request validation (400 with a message)."""
+"""Stream tokens and request validation (400 with a message)."""
 
 from __future__ import annotations
 
@@ -8,19 +8,29 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import HTTPException, Request
 
-from tests.web.conftest import SECRET, WebServer
+from tests.web.conftest import ApiKeys, WebServer, stream_tokens
 from turnkeeper.config import Settings
-from turnkeeper.errors import AccessDeniedError
+from turnkeeper.errors import (
+    AuthenticationError,
+    InvalidInputError,
+    StoreError,
+    StoreUnavailableError,
+)
 from turnkeeper.web import create_app
 from turnkeeper.web.tokens import StreamTokens
 
-TOKENS = StreamTokens(SECRET.encode(), 60)
+TOKENS = stream_tokens()
 
 
 @pytest.fixture
-def http(bare_web: WebServer) -> Iterator[httpx.Client]:
+def http(bare_web: WebServer, api_keys: ApiKeys) -> Iterator[httpx.Client]:
+    with bare_web.http(api_keys.alice) as client:
+        yield client
+
+
+@pytest.fixture
+def anonymous(bare_web: WebServer) -> Iterator[httpx.Client]:
     with bare_web.http() as client:
         yield client
 
@@ -47,12 +57,14 @@ def test_tokens_unit() -> None:
         "empty": ("", "r1", now),
     }
     for name, (value, run_id, when) in cases.items():
-        with pytest.raises(AccessDeniedError):
+        with pytest.raises(AuthenticationError):
             TOKENS.verify(value, run_id, now=when)
         assert name
 
 
-def test_forged_expired_and_missing_tokens_are_refused(http: httpx.Client) -> None:
+def test_forged_expired_and_missing_tokens_are_refused(
+    http: httpx.Client, anonymous: httpx.Client
+) -> None:
     body = _queued(http, "guarded")
     base = "/runs/guarded/events"
     refused = {
@@ -64,8 +76,9 @@ def test_forged_expired_and_missing_tokens_are_refused(http: httpx.Client) -> No
     }
     reasons = {}
     for name, url in refused.items():
-        response = http.get(url)
-        assert response.status_code == 403, name
+        response = anonymous.get(url)
+        assert response.status_code == 401, name
+        assert response.headers["www-authenticate"].startswith("Bearer"), name
         reasons[name] = response.json()["reason"]
     assert reasons == {
         "missing": "missing",
@@ -75,7 +88,7 @@ def test_forged_expired_and_missing_tokens_are_refused(http: httpx.Client) -> No
         "other secret": "forged",
     }
     # The issued token opens the stream (it parks on the queued run's empty log).
-    with http.stream("GET", body["stream_url"]) as response:
+    with anonymous.stream("GET", body["stream_url"]) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         for line in response.iter_lines():
@@ -89,7 +102,7 @@ def test_forged_expired_and_missing_tokens_are_refused(http: httpx.Client) -> No
         ({"prompt": "p"}, "agent: Field required"),
         ({"agent": "scripted"}, "prompt: Field required"),
         ({"agent": "scripted", "prompt": "p", "extra": 1}, "extra: Extra inputs are not permitted"),
-        ({"agent": "nope", "prompt": "p"}, "unknown agent preset 'nope'"),
+        ({"agent": "nope", "prompt": "p"}, "unknown agent 'nope'; the catalog has: "),
         ({"agent": {"preset": "scripted", "turns": -1}, "prompt": "p"}, "invalid options"),
         ({"agent": "scripted", "prompt": "p", "provider": "docker"}, "provider: Input should be"),
         ({"agent": "scripted", "prompt": "p", "run_id": ""}, "run_id must be a non-empty string"),
@@ -98,6 +111,7 @@ def test_forged_expired_and_missing_tokens_are_refused(http: httpx.Client) -> No
         ({"agent": "scripted", "prompt": "p", "session_id": "a\x00"}, "session_id contains a"),
         ({"agent": "scripted", "prompt": "p", "max_attempts": 0}, "max_attempts: Input should"),
         ({"agent": "scripted", "prompt": 5}, "prompt: Input should be a valid string"),
+        ({"agent": "scripted", "prompt": "p", "max_attempts": "2"}, "max_attempts: Input should"),
     ],
 )
 def test_submit_validation_is_400_with_a_message(
@@ -118,36 +132,52 @@ def test_path_and_offset_validation(http: httpx.Client) -> None:
     assert http.get("/runs/a%01b").json()["error"] == "run_id contains a control character"
     assert http.get("/runs/a%01b").status_code == 400
     body = _queued(http, "offsets")
-    for bad in ("-1", "abc", "1.5", "9" * 30):
+    for bad in ("-1", "abc", "1.5", "9" * 30, "²", "\u0661", "%2B1", "1_0", "%201"):
         response = http.get(f"{body['stream_url']}&offset={bad}")
         assert response.status_code == 400, bad
         assert "offset must be a non-negative integer" in response.json()["error"]
     response = http.get(body["stream_url"], headers={"Last-Event-ID": "x"})
     assert response.status_code == 400
     assert "Last-Event-ID must be" in response.json()["error"]
-    assert http.get("/runs?limit=0").status_code == 400
+    for limit in ("0", "1001", "²", "1_000", "+5", " 5", "1000000000"):
+        response = http.get("/runs", params={"limit": limit})
+        assert response.status_code == 400, limit
+        assert response.json()["error"].startswith("limit must be an integer from 1 to 1000")
+    assert http.get("/runs?limit=1000").status_code == 200
     assert http.get("/runs?status=bogus").status_code == 400
 
 
-def test_an_app_can_plug_in_its_own_auth(settings: Settings) -> None:
-    def require_header(request: Request) -> None:
-        if request.headers.get("x-user") != "alice":
-            raise HTTPException(status_code=403, detail="who are you?")
+def test_database_and_driver_text_never_reaches_a_response(settings: Settings) -> None:
+    leaks = {
+        "unavailable": StoreUnavailableError(
+            'get_run: database unavailable: connection to server at "10.1.2.3" failed: FATAL'
+        ),
+        "failed": StoreError('list_runs failed: relation "runs_secret" does not exist'),
+        "refused": InvalidInputError(
+            'admit_run: the database refused a value: invalid input syntax "hunter2"',
+            reason="invalid-value",
+        ),
+    }
+    app = create_app(settings)
 
-    server = WebServer.start_app(create_app(settings, auth=require_header, ping_seconds=0.5))
+    def fail(kind: str) -> None:
+        raise leaks[kind]
+
+    app.add_api_route("/fail/{kind}", fail)
+    server = WebServer.start_app(app)
     try:
         with server.http() as http:
-            denied = http.post("/runs", json={"agent": "scripted", "prompt": "p", "run_id": "a1"})
-            assert denied.status_code == 403
-            assert http.get("/runs/a1/events").status_code == 403
-            ok = http.post(
-                "/runs",
-                json={"agent": "scripted", "prompt": "p", "run_id": "a1"},
-                headers={"x-user": "alice"},
-            )
-            assert ok.status_code == 201
-            assert ok.json()["stream_url"] == "/runs/a1/events"  # no token: the app's auth rules
-            with http.stream("GET", "/runs/a1/events", headers={"x-user": "alice"}) as response:
-                assert response.status_code == 200
+            answers = {kind: http.get(f"/fail/{kind}") for kind in leaks}
     finally:
         server.stop()
+    assert {kind: (r.status_code, r.json()) for kind, r in answers.items()} == {
+        "unavailable": (
+            503,
+            {
+                "error": "a service turnkeeper depends on is unavailable; retry later",
+                "reason": "unavailable",
+            },
+        ),
+        "failed": (500, {"error": "internal error", "reason": "internal-error"}),
+        "refused": (400, {"error": "a value was refused by the store", "reason": "invalid-value"}),
+    }

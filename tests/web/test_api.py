@@ -11,9 +11,8 @@ from urllib.parse import quote
 import httpx
 
 from tests.driver.fleet import Fleet, expected_log
-from tests.web.conftest import SECRET, WebServer
+from tests.web.conftest import ApiKeys, WebServer, stream_tokens
 from tests.web.sse_client import iter_events, read_stream
-from turnkeeper.web.tokens import StreamTokens
 
 SCRIPTED: dict[str, Any] = {"preset": "scripted", "turns": 2, "pace": 0.01, "seed": 7}
 
@@ -34,7 +33,7 @@ def _submit(http: httpx.Client, run_id: str, agent: dict[str, Any] | None = None
 
 
 def test_submit_stream_status_transcript_metrics(
-    fleet: Fleet, http: httpx.Client, tmp_path: Path
+    fleet: Fleet, web: WebServer, api_keys: ApiKeys, http: httpx.Client, tmp_path: Path
 ) -> None:
     run_id = "web run/1 ü"  # a slash, a space and a non-ASCII letter travel through every URL
     body = _submit(http, run_id)
@@ -73,7 +72,9 @@ def test_submit_stream_status_transcript_metrics(
     assert [e["entry_id"] for e in transcript["entries"]] == [e.entry_id for e in stored]
     assert transcript["entries"]
 
-    metrics = http.get("/metrics").text
+    assert http.get("/metrics").status_code == 403  # a tenant's key sees no fleet figures
+    with web.http(api_keys.admin) as admin:
+        metrics = admin.get("/metrics").text
     assert 'turnkeeper_runs{status="completed"} 1.0' in metrics
     assert 'turnkeeper_runs{status="running"} 0.0' in metrics
     assert "turnkeeper_takeovers_total 0.0" in metrics
@@ -103,7 +104,7 @@ def test_resume_from_every_offset_gives_exactly_the_suffix(
 
 
 def test_reconnecting_client_sees_each_chunk_once_across_a_takeover(
-    fleet: Fleet, http: httpx.Client, tmp_path: Path
+    fleet: Fleet, web: WebServer, api_keys: ApiKeys, http: httpx.Client, tmp_path: Path
 ) -> None:
     fleet.start_worker(concurrency=2)  # someone to take over when the owner dies
     agent = {"preset": "scripted", "turns": 4, "pace": 0.08, "seed": 3}
@@ -141,7 +142,8 @@ def test_reconnecting_client_sees_each_chunk_once_across_a_takeover(
     assert [seq for seq, _ in seen] == list(range(1, len(oracle) + 1))
     assert [chunk for _, chunk in seen] == oracle
     assert pings > 0  # the takeover left the stream idle long enough for keep-alives
-    metrics = http.get("/metrics").text
+    with web.http(api_keys.admin) as admin:
+        metrics = admin.get("/metrics").text
     assert "turnkeeper_takeovers_total 1.0" in metrics
     assert 'turnkeeper_attempts{outcome="superseded"} 1.0' in metrics
     renewals = re.search(r"^turnkeeper_lease_renewals_total (\S+)$", metrics, re.MULTILINE)
@@ -151,7 +153,7 @@ def test_reconnecting_client_sees_each_chunk_once_across_a_takeover(
 
 
 def test_unknown_run_and_removed_log(fleet: Fleet, web: WebServer, http: httpx.Client) -> None:
-    tokens = StreamTokens(SECRET.encode(), 60)
+    tokens = stream_tokens()
     assert http.get("/runs/nope").status_code == 404
     assert http.post("/runs/nope/cancel").status_code == 404
     missing = http.get(f"/runs/nope/events?token={tokens.issue('nope')}")

@@ -1,5 +1,7 @@
-"""The dashboard in headless Chromium (Debian's, driven by Playwright): live runs table, and a
-run page that streams the conversation and resumes after a reload without duplicates or gaps."""
+"""The dashboard in headless Chromium (Debian's, driven by Playwright): a login page that takes
+an API key, a live runs table of that key's runs (all runs for an admin key), a run page that
+streams the conversation and resumes after a reload without duplicates or gaps, and a 401 (a
+revoked key) that sends the user back to the login page."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import httpx
 import pytest
 
 from tests.driver.fleet import Fleet
-from tests.web.conftest import WebServer
+from tests.web.conftest import ApiKeys, WebServer
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
@@ -48,16 +50,47 @@ def _rendered(page: Any) -> list[tuple[int, str]]:
     return [(int(seq), str(kind)) for seq, kind in cells]
 
 
+def _sign_in(page: Any, key: str) -> None:
+    page.fill("#key", key)
+    page.click("#login button[type=submit]")
+
+
+def _listed(page: Any) -> list[str]:
+    return [
+        str(v)
+        for v in page.eval_on_selector_all(
+            "tr[data-run-id]", "rows => rows.map(r => r.dataset.runId)"
+        )
+    ]
+
+
 def test_dashboard_streams_a_run_and_resumes_after_reload(
-    fleet: Fleet, http: httpx.Client, page: Any
+    fleet: Fleet, web: WebServer, api_keys: ApiKeys, http: httpx.Client, page: Any
 ) -> None:
+    with web.http(api_keys.bob) as bob:
+        assert (
+            bob.post(
+                "/runs", json={"agent": "scripted", "prompt": "hi", "run_id": "bob 1"}
+            ).status_code
+            == 201
+        )
     agent = {"preset": "scripted", "turns": 3, "pace": 0.12, "seed": 5}
     response = http.post("/runs", json={"agent": agent, "prompt": "look", "run_id": "dash 1"})
     assert response.status_code == 201
 
     page.goto("/")
+    page.wait_for_url("**/login?next=%2F")  # no key yet: the login page
+    _sign_in(page, "tk_not-a-key")
+    page.wait_for_function(
+        "() => document.querySelector('#login-error').textContent.includes('unknown or revoked')"
+    )
+    assert page.url.endswith("/login?next=%2F")
+    _sign_in(page, api_keys.alice)
+    page.wait_for_url(f"{web.base_url}/")
     row = page.locator('tr[data-run-id="dash 1"]')
     row.wait_for()  # the table refreshed by itself
+    assert _listed(page) == ["dash 1"]  # alice's runs only, not bob's
+    assert page.locator("#who").inner_text() == "key alice"
     page.wait_for_function(
         """() => { const r = document.querySelector('tr[data-run-id="dash 1"] .status');
                    return r && r.textContent === 'running'; }"""
@@ -94,3 +127,26 @@ def test_dashboard_streams_a_run_and_resumes_after_reload(
     page.wait_for_function(
         "() => document.querySelector('[data-field=status]').textContent.endsWith('completed')"
     )
+
+
+def test_an_admin_key_sees_every_run_and_a_revoked_key_is_sent_back_to_login(
+    fleet: Fleet, web: WebServer, api_keys: ApiKeys, page: Any
+) -> None:
+    for name, key in (("alice", api_keys.alice), ("bob", api_keys.bob)):
+        with web.http(key) as client:
+            body = {"agent": "scripted", "prompt": "hi", "run_id": f"{name} run"}
+            assert client.post("/runs", json=body).status_code == 201
+
+    page.goto("/login")
+    _sign_in(page, api_keys.admin)
+    page.wait_for_url(f"{web.base_url}/")
+    page.wait_for_function("() => document.querySelectorAll('tr[data-run-id]').length === 2")
+    assert _listed(page) == ["bob run", "alice run"]
+    assert page.locator("#who").inner_text() == "key admin (admin: every run)"
+
+    page.goto(f"/ui/runs/{quote('alice run', safe='')}")
+    page.wait_for_selector("#conversation[data-ended='true']")
+    fleet.client.store.revoke_key("admin")
+    page.goto("/")  # the next API call is refused with 401: back to the login page
+    page.wait_for_url("**/login?next=%2F")
+    assert page.evaluate("() => sessionStorage.getItem('turnkeeper.key')") is None

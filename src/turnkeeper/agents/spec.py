@@ -23,6 +23,10 @@ Environment: names are ``[A-Za-z_][A-Za-z0-9_]*``, and names that make a program
 load or run code of the caller's choosing are refused (``ENV_REFUSED``): an env
 must never turn a fixed command into another one.
 
+Secrets the operator keeps out of Postgres: ``env_from`` lists names of the
+worker's own environment variables that the worker passes to the agent when it
+builds the sandbox (only the operator's agent catalog may set it over HTTP).
+
 Continuation (a new process after the sandbox was lost): ``continue`` false
 means the agent cannot continue; true means run ``command`` again with the
 continuation prompt; a list is the continuation argv, in which the whole
@@ -34,6 +38,7 @@ conversation id, from :attr:`Translator.session_id`) and ``{start_turn}`` (the
 from __future__ import annotations
 
 import fnmatch
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -49,6 +54,7 @@ Format = Literal["claude-code", "codex", "agui", "text"]
 SESSION_ID = "{session_id}"
 START_TURN = "{start_turn}"
 PRESETS = ("scripted", "claude-code", "codex")
+_ENV_FROM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 ENV_REFUSED: tuple[tuple[str, str], ...] = (
     ("LD_*", "the dynamic loader preloads, audits or finds libraries through them"),
@@ -120,6 +126,7 @@ class AgentSpec(BaseModel):
     command: list[str]
     format: Format
     env: dict[str, str] = Field(default_factory=dict)
+    env_from: list[str] = Field(default_factory=list)
     continue_: bool | list[str] = Field(default=False, alias="continue")
     prompt_stdin: bool = False
     """The prompt is also the agent's standard input (otherwise it reads an empty one)."""
@@ -146,6 +153,15 @@ class AgentSpec(BaseModel):
                 raise ValueError(f"the value of {key} contains NUL")
         return value
 
+    @field_validator("env_from")
+    @classmethod
+    def _env_from(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not _ENV_FROM_NAME.fullmatch(name) or name.upper().startswith("TURNKEEPER_"):
+                raise ValueError(f"env_from cannot pass the worker variable {name!r}")
+            check_env_name(name)
+        return value
+
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any] | str) -> AgentSpec:
         """Validate a payload (or a preset name); AgentError says what is wrong."""
@@ -154,18 +170,25 @@ class AgentSpec(BaseModel):
         if not isinstance(payload, Mapping):
             raise AgentError("an agent spec must be an object or a preset name", reason="bad-spec")
         if "preset" in payload:
-            return _preset(dict(payload))
+            values = dict(payload)
+            env_from = values.pop("env_from", [])
+            spec = _preset(values)
+            if not env_from:
+                return spec
+            payload = {**spec.model_dump(by_alias=True), "env_from": env_from}
         try:
             return cls.model_validate(dict(payload))
         except ValidationError as exc:
             raise AgentError(f"invalid agent spec: {_first_error(exc)}", reason="bad-spec") from exc
 
     def to_payload(self) -> dict[str, Any]:
+        passed = {"env_from": list(self.env_from)} if self.env_from else {}
         if self.preset is not None:
             return {
                 "preset": self.preset,
                 **self.options,
                 **({"env": self.env} if self.env else {}),
+                **passed,
             }
         return {
             "command": list(self.command),
@@ -173,6 +196,7 @@ class AgentSpec(BaseModel):
             "env": dict(self.env),
             "continue": self.continue_,
             **({"prompt_stdin": True} if self.prompt_stdin else {}),
+            **passed,
         }
 
     @property

@@ -6,7 +6,8 @@ import typer
 
 from turnkeeper import checkup
 from turnkeeper.cli import demo, fleet, runs, web
-from turnkeeper.cli.context import console, services, settings_from_env
+from turnkeeper.cli.context import console, services, settings_from_env, with_dev_secret
+from turnkeeper.cli.keys import keys_app
 from turnkeeper.store import migration
 
 app = typer.Typer(
@@ -18,6 +19,7 @@ app = typer.Typer(
 )
 db_app = typer.Typer(help="Database schema migrations.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+app.add_typer(keys_app, name="keys")
 
 app.command()(runs.submit)
 app.command()(runs.tail)
@@ -76,7 +78,7 @@ def dev(
     workers: int = typer.Option(1, min=0, help="Worker processes to start (each -c 2)."),
 ) -> None:
     """The whole stack until Ctrl-C: servers (embedded unless URLs are set), worker, beat."""
-    settings = settings_from_env(quiet=False)
+    settings = with_dev_secret(settings_from_env(quiet=False))
     with services(settings, start=True) as resolved:
         migration.upgrade(resolved.require_database_url())
         console.print(f"database  {checkup.redact(resolved.require_database_url())}")

@@ -11,6 +11,7 @@ from rich.console import Console
 from turnkeeper.config import Settings, load_settings
 from turnkeeper.embedded import EmbeddedStack, resolve_services
 from turnkeeper.logconfig import configure_logging
+from turnkeeper.secret import ensure_dev_secret
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
@@ -24,6 +25,14 @@ def settings_from_env(*, quiet: bool = True) -> Settings:
         level = "WARNING"
     configure_logging(level, settings.log_format)
     return settings
+
+
+def with_dev_secret(settings: Settings) -> Settings:
+    """``dev`` and ``demo``: the configured secret, else one generated into the data
+    directory (0600) that every process they start shares."""
+    if settings.secret is not None or settings.secret_file is not None:
+        return settings
+    return settings.model_copy(update={"secret_file": ensure_dev_secret(settings.data_dir)})
 
 
 @contextmanager

@@ -10,7 +10,6 @@ once, no gaps. Exit 0 only when every check passes.
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -25,12 +24,11 @@ from urllib.parse import quote
 import httpx
 import orjson
 import typer
-from pydantic import SecretStr
 from rich.text import Text
 from uuid6 import uuid7
 
 from turnkeeper.chunks import Chunk
-from turnkeeper.cli.context import console, services, settings_from_env
+from turnkeeper.cli.context import console, services, settings_from_env, with_dev_secret
 from turnkeeper.cli.fleet import sandbox_fallback, stop_fleet, wait_for_signal
 from turnkeeper.cli.render import ConversationRenderer
 from turnkeeper.client import Client
@@ -76,6 +74,8 @@ def _start_fleet(settings: Settings, logs: Path) -> list[subprocess.Popen[bytes]
         **{f"TURNKEEPER_{name}": value for name, value in DEMO_TIMING.items()},
         **sandbox_fallback(settings),
     )
+    if settings.secret_file is not None:
+        env["TURNKEEPER_SECRET_FILE"] = str(settings.secret_file.resolve())
     logs.mkdir(parents=True, exist_ok=True)
     quiet = ["--without-mingle", "--without-gossip", "--without-heartbeat"]
     procs = []
@@ -223,17 +223,18 @@ def demo(
 ) -> None:
     """A worker dies mid-run and the run goes on: takeover, no chunk lost or doubled."""
     os.environ.update({f"TURNKEEPER_{k}": v for k, v in DEMO_TIMING.items()})
-    settings = settings_from_env()
+    settings = with_dev_secret(settings_from_env())
     with services(settings, start=True) as resolved:
         migration.upgrade(resolved.require_database_url())
         logs = resolved.data_dir / "demo-logs"
         procs = _start_fleet(resolved, logs)
-        # A secret of this demo's own (tokens need not outlive it).
-        web_settings = resolved.model_copy(update={"secret": SecretStr(secrets.token_hex(32))})
         server = BackgroundServer.start(
-            create_app(web_settings), port=free_port(resolved.web_host, resolved.web_port)
+            create_app(resolved), port=free_port(resolved.web_host, resolved.web_port)
         )
         client = Client.from_settings(resolved)
+        # The demo's own key: the run belongs to it, and the API is called with it.
+        key_name = f"demo-{uuid7().hex[-12:]}"
+        key = client.store.create_key(key_name, admin=True)
         takeover = Takeover()
         ok = False
         try:
@@ -244,8 +245,14 @@ def demo(
             )
             run_id = f"demo-{uuid7()}"
             agent: dict[str, Any] = {"preset": "scripted", "turns": turns, "pace": pace, "seed": 1}
-            client.submit(agent, "Tidy the workspace and take notes", run_id=run_id)
-            view = httpx.get(f"{server.base_url}/runs/{quote(run_id, safe='')}", timeout=30).json()
+            client.submit(
+                agent, "Tidy the workspace and take notes", run_id=run_id, key_name=key_name
+            )
+            view = httpx.get(
+                f"{server.base_url}/runs/{quote(run_id, safe='')}",
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=30,
+            ).json()
             console.print(f"run {run_id}; watch it at {server.base_url}/ui/runs/{run_id}")
             threading.Thread(
                 target=_watch_epoch, args=(client, run_id, takeover), daemon=True
@@ -256,10 +263,12 @@ def demo(
             ok = _report(client, run_id, received, takeover)
             console.print(f"     {'dashboard':<24} {server.base_url}/", highlight=False)
             if keep:
-                console.print("the stack stays up; Ctrl-C stops it.")
+                console.print(f"     {'dashboard key':<24} {key}", highlight=False)
+                console.print("the stack stays up; Ctrl-C stops it (and revokes the key).")
                 wait_for_signal()
         finally:
             takeover.done.set()
+            client.store.revoke_key(key_name)
             client.close()
             server.stop()
             stop_fleet(procs, resolved.data_dir)

@@ -20,6 +20,7 @@ from turnkeeper.config import ENV_PREFIX, Settings
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.sandbox.egress import stop_proxies
 from turnkeeper.sandbox.readiness import check_provider
+from turnkeeper.secret import ServerSecret, make_undumpable
 from turnkeeper.tasks import control_queue, create_app, enqueuers, turns_queue
 from turnkeeper.workers.runtime import WorkerRuntime
 
@@ -41,6 +42,8 @@ def worker(ctx: typer.Context) -> None:
     """Run a Celery worker for turns; Celery's own options pass through (e.g. -c 4)."""
     settings = settings_from_env(quiet=False)
     with services(settings, start=False) as resolved:
+        ServerSecret.require(resolved, "to start a worker")
+        make_undumpable()
         try:
             check_provider(resolved)
         except TurnkeeperError as exc:
@@ -58,6 +61,8 @@ def beat(ctx: typer.Context) -> None:
     """Run beat with a control worker (reconcile, reap, prune); Celery's options pass through."""
     settings = settings_from_env(quiet=False)
     with services(settings, start=False) as resolved:
+        ServerSecret.require(resolved, "to start beat")
+        make_undumpable()
         app = create_app(resolved)
         resolved.data_dir.mkdir(parents=True, exist_ok=True)
         defaults = [
@@ -143,6 +148,8 @@ def start_fleet(settings: Settings, *, workers: int = 1) -> list[subprocess.Pope
         TURNKEEPER_DATA_DIR=str(settings.data_dir.resolve()),
         **sandbox_fallback(settings),
     )
+    if settings.secret_file is not None:
+        env["TURNKEEPER_SECRET_FILE"] = str(settings.secret_file.resolve())
     command = [sys.executable, "-m", "turnkeeper"]
 
     # Their banners and logs go to stderr: stdout belongs to the command that started them.

@@ -62,6 +62,10 @@ def submit(
         str | None, typer.Option("--provider", help="Sandbox: local, bwrap, ssh.")
     ] = None,
     follow: Annotated[bool, typer.Option("--follow", help="Stream the run until it ends.")] = False,
+    on_behalf_of: Annotated[
+        str | None,
+        typer.Option("--as", help="Submit on behalf of this API key (the run is its tenant's)."),
+    ] = None,
 ) -> None:
     """Submit a run; prints its run id (or, with --follow, its conversation)."""
     if (agent is None) == (command is None):
@@ -79,6 +83,7 @@ def submit(
             run_id=run_id,
             env=_parse_env(env or []),
             provider=provider,
+            key_name=on_behalf_of,
         )
         if not follow:
             print(run.run_id)

@@ -17,7 +17,7 @@ continue, at most ``max_continuations`` times, in a loop.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
@@ -183,6 +183,7 @@ class Attempt:
         payload = run.payload if isinstance(run.payload, dict) else {}
         self.prompt = str(payload.get("prompt", ""))
         self.spec = AgentSpec.from_payload(payload.get("agent", "scripted"))
+        self.env = runtime.agent_env(claim.run_id, payload, self.spec)
         self.replay = Replay(claim.run_id, run.session_id, self.spec.format)
         self.slot = self.store.get_turn_slot(claim.run_id)
         self.recorder = TurnRecorder(self.store, claim, run.session_id, ownership, self.slot)
@@ -354,13 +355,16 @@ class Attempt:
     # --- journals ---------------------------------------------------------------------
 
     def _command(self) -> AgentCommand:
-        """The next agent process's command: a continuation once one was given up."""
+        """The next agent process's command, with the run's env opened: a continuation
+        once one was given up."""
         if any(journal.lost is not None for journal in self.place.journals):
-            return self.spec.continuation_command(
+            command = self.spec.continuation_command(
                 session_id=self.replay.agent_session_id,
                 start_turn=self.replay.turns_completed,
             )
-        return self.spec.start_command()
+        else:
+            command = self.spec.start_command()
+        return replace(command, env=self.env)
 
     def _spawn(self, sandbox: Sandbox, journal: PlacedJournal, command: AgentCommand) -> Ending:
         failpoint(self.settings, "before-spawn", self.claim.run_id)

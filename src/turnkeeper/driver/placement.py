@@ -74,9 +74,9 @@ class Placement:
     @classmethod
     def of(cls, run: Run) -> Placement:
         data = run.sandbox_ref or {}
-        sandbox = data.get("sandbox")
+        sandbox = SandboxRef.from_dict(data["sandbox"]) if data.get("sandbox") else None
         return cls(
-            sandbox=SandboxRef.from_dict(sandbox) if sandbox else None,
+            sandbox=sandbox,
             journals=[PlacedJournal.from_dict(j) for j in data.get("journals", [])],
         )
 

@@ -21,6 +21,7 @@ from turnkeeper.embedded.ports import free_port, port_in_use
 from turnkeeper.embedded.postgres import EmbeddedPostgres
 from turnkeeper.embedded.redis import EmbeddedRedis
 from turnkeeper.errors import ConfigError, EmbeddedStackError
+from turnkeeper.secret import dev_secret_file
 
 log = structlog.get_logger(__name__)
 
@@ -177,10 +178,12 @@ def resolve_services(settings: Settings, *, start: bool) -> tuple[Settings, Stac
             "or set the URLs",
             reason="no-services",
         )
-    return (
-        settings.with_services(
-            database_url=settings.database_url or urls.database_url,
-            redis_url=settings.redis_url or urls.redis_url,
-        ),
-        urls,
+    resolved = settings.with_services(
+        database_url=settings.database_url or urls.database_url,
+        redis_url=settings.redis_url or urls.redis_url,
     )
+    dev_secret = dev_secret_file(settings.data_dir)
+    if settings.secret is None and settings.secret_file is None and dev_secret.is_file():
+        # The embedded servers are a dev stack: its processes share the secret dev made.
+        resolved = resolved.model_copy(update={"secret_file": dev_secret})
+    return resolved, urls

@@ -135,3 +135,58 @@ redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return epoch
 """
 )
+
+
+# --- quotas of API keys -----------------------------------------------------------------
+# Key names of API keys are plain ([A-Za-z0-9_.-]), checked by the store before use.
+
+
+def submit_bucket_key(namespace: str, key_name: str) -> str:
+    """A hash ``{tokens, at}``: the token bucket of one API key's submissions."""
+    return f"{namespace}:quota:submits:{key_name}"
+
+
+def stream_slots_key(namespace: str, key_name: str) -> str:
+    """A sorted set of one API key's open event streams, scored by lease expiry (ms)."""
+    return f"{namespace}:quota:streams:{key_name}"
+
+
+# KEYS = [bucket]; ARGV: tokens per millisecond, burst. On the Redis clock, so every
+# web process shares one bucket per key. Returns {1, 0} when a token was taken, else
+# {0, milliseconds until one is there}.
+SUBMIT_BUCKET_LUA: Final = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local rate = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens = tonumber(state[1]) or burst
+local at = tonumber(state[2]) or now
+tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
+local wait = 0
+if tokens >= 1 then
+  tokens = tokens - 1
+else
+  wait = math.ceil((1 - tokens) / rate)
+end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', now)
+redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate) + 1000)
+if wait > 0 then return {0, wait} end
+return {1, 0}
+"""
+
+# KEYS = [slots]; ARGV: slot id, cap, lease ms. Takes (or renews) a slot; slots whose
+# lease ran out (a web process that died with streams open) are dropped first.
+# Returns 1 when held, 0 when the key is at its cap.
+STREAM_SLOT_LUA: Final = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if not redis.call('ZSCORE', KEYS[1], ARGV[1])
+   and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
+return 1
+"""

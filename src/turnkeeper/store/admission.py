@@ -11,16 +11,22 @@ from typing import Any
 import structlog
 
 from turnkeeper.errors import (
+    ApiKeyError,
     InvalidInputError,
+    QuotaExceededError,
     RunConflictError,
     SessionBusyError,
     SessionDeletedError,
 )
 from turnkeeper.store import queries as q
-from turnkeeper.store.database import StoreBase
-from turnkeeper.store.records import Run, check_id, check_seconds, to_json
+from turnkeeper.store.database import StoreBase, Transaction
+from turnkeeper.store.records import Run, check_id, check_key_name, check_seconds, to_json
 
 log = structlog.get_logger(__name__)
+
+# How long a client told "too many running runs" should wait: runs take minutes, and
+# a quick retry would only be refused again.
+MAX_RUNNING_RETRY_AFTER = 10
 
 
 def _session_lock_key(session_id: str) -> str:
@@ -38,14 +44,19 @@ class AdmissionMixin(StoreBase):
         *,
         max_attempts: int,
         deadline: float | None,
+        key_name: str | None = None,
     ) -> tuple[Run, bool]:
         """Insert the run ``queued``; an identical replay returns the existing run.
 
         ``deadline`` is seconds after admission on the database clock (None: none).
-        Returns ``(run, created)``.
+        ``key_name`` is the API key the run belongs to (None: the trusted caller's
+        own): the key must be live, under its ``max_running``, and the session, when
+        it exists, must belong to the same key. Returns ``(run, created)``.
         """
         check_id(run_id, "run_id")
         check_id(session_id, "session_id")
+        if key_name is not None:
+            check_key_name(key_name)
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise InvalidInputError(f"max_attempts must be a positive integer: {max_attempts!r}")
         seconds = None if deadline is None else check_seconds(deadline, "deadline")
@@ -57,9 +68,12 @@ class AdmissionMixin(StoreBase):
             "max_attempts": max_attempts,
             "deadline": seconds,
             "lock_key": _session_lock_key(session_id),
+            "key_name": key_name,
         }
         with self._db.transaction("admit_run", run_id=run_id) as tx:
             tx.rows(q.LOCK_SESSION, params)
+            if key_name is not None:
+                _check_key_quota(tx, params)
             deleted_session = tx.scalar(q.FIND_RECEIPT, params)
             if deleted_session is not None:
                 raise SessionDeletedError(
@@ -69,26 +83,22 @@ class AdmissionMixin(StoreBase):
                     reason="session-deleted",
                     session_id=deleted_session,
                 )
-            tx.rows(q.ENSURE_SESSION, params)
+            tenant = tx.rows(q.ENSURE_SESSION, params)[0]["key_name"]
+            if tenant != key_name:
+                # Ids are global: all another tenant learns is that the id is taken.
+                raise RunConflictError(
+                    f"session {session_id!r} is taken; choose another session id",
+                    run_id=run_id,
+                    reason="session-taken",
+                )
             inserted = tx.one(q.INSERT_RUN, params)
             if inserted is not None:
                 run = Run.from_row(inserted)
                 log.info("run.admitted", run_id=run_id, session_id=session_id, seq=run.seq)
                 return run, True
-            existing = tx.one(q.EXISTING_RUN, params)
-        if existing is None:  # deleted between the insert and the read: a conflict anyway
-            raise RunConflictError(
-                f"run {run_id!r} vanished during admission", run_id=run_id, reason="vanished"
-            )
-        values = dict(existing)
-        same_payload = values.pop("same_payload")
-        if not same_payload or values["session_id"] != session_id:
-            raise RunConflictError(
-                f"run {run_id!r} already exists with a different payload or session",
-                run_id=run_id,
-                reason="payload-differs" if not same_payload else "session-differs",
-            )
-        return Run.from_row(values), False
+            # Refused inside the transaction, so a refused replay leaves nothing behind
+            # (not even the session row ENSURE_SESSION may have just inserted).
+            return _replayed(tx.one(q.EXISTING_RUN, params), run_id, session_id, key_name), False
 
     def delete_session(self, session_id: str) -> int:
         """Delete a settled session's runs and transcript, keeping receipts of the runs.
@@ -115,3 +125,50 @@ class AdmissionMixin(StoreBase):
             tx.rows(q.MARK_SESSION_DELETED, params)
         log.info("session.deleted", session_id=session_id, runs=deleted)
         return int(deleted)
+
+
+def _check_key_quota(tx: Transaction, params: dict[str, Any]) -> None:
+    """Lock the key (serializing its admissions), refuse a revoked one, and refuse a new
+    run past its ``max_running`` (an identical replay of an existing run still passes)."""
+    key_name = params["key_name"]
+    key = tx.one(q.LOCK_KEY, params)
+    if key is None or key["revoked_at"] is not None:
+        raise ApiKeyError(
+            f"the key {key_name!r} is {'revoked' if key else 'unknown'}",
+            reason="revoked-key" if key else "unknown-key",
+        )
+    limit = key["max_running"]
+    if limit is None or tx.scalar(q.UNSETTLED_RUNS_OF_KEY, params) < limit:
+        return
+    if tx.scalar(q.RUN_EXISTS, params):
+        return  # a replay: the caller below returns it or refuses it as a conflict
+    raise QuotaExceededError(
+        f"the key {key_name!r} has {limit} queued or running run(s), its limit; "
+        "retry when one has settled",
+        run_id=params["run_id"],
+        reason="max-running",
+        retry_after=MAX_RUNNING_RETRY_AFTER,
+    )
+
+
+def _replayed(existing: Any, run_id: str, session_id: str, key_name: str | None) -> Run:
+    """The existing run when the admission replays it exactly; else a conflict."""
+    if existing is None:  # deleted between the insert and the read: a conflict anyway
+        raise RunConflictError(
+            f"run {run_id!r} vanished during admission", run_id=run_id, reason="vanished"
+        )
+    values = dict(existing)
+    same_payload = values.pop("same_payload")
+    if values["key_name"] != key_name:
+        raise RunConflictError(
+            f"run id {run_id!r} is taken; choose another run id",
+            run_id=run_id,
+            reason="run-id-taken",
+        )
+    if not same_payload or values["session_id"] != session_id:
+        raise RunConflictError(
+            f"run {run_id!r} already exists with a different payload or session",
+            run_id=run_id,
+            reason="payload-differs" if not same_payload else "session-differs",
+        )
+    return Run.from_row(values)

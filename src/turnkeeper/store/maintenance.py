@@ -11,6 +11,7 @@ from turnkeeper.store.records import (
     Run,
     RunStatus,
     check_id,
+    check_key_name,
     check_limit,
     check_optional_id,
     check_seconds,
@@ -37,12 +38,14 @@ class MaintenanceMixin(StoreBase):
         *,
         status: RunStatus | str | None = None,
         session_id: str | None = None,
+        key_name: str | None = None,
         limit: int = 100,
     ) -> list[Run]:
-        """Runs, newest admission first, optionally of one status and/or session."""
+        """Runs, newest admission first, optionally of one status, session and/or key."""
         params = {
             "status": None if status is None else check_status(status).value,
             "session_id": check_optional_id(session_id, "session_id"),
+            "key_name": None if key_name is None else check_key_name(key_name),
             "limit": check_limit(limit),
         }
         return [Run.from_row(r) for r in self._db.rows("list_runs", q.LIST_RUNS, params)]

@@ -17,12 +17,13 @@ from sqlalchemy import TextClause, text
 RUN_COLUMNS = (
     "run_id, seq, session_id, status, payload, attempt_id, epoch, owner, lease_expires_at, "
     "attempt_count, max_attempts, deadline, cancel_requested_at, sandbox_ref, created_at, "
-    "started_at, finished_at, updated_at, error, dispatched_at, pruned_at"
+    "started_at, finished_at, updated_at, error, dispatched_at, pruned_at, key_name"
 )
 SLOT_COLUMNS = (
     "run_id, attempt_id, turn_index, turn_id, phase, revision, journal_key, tool_request, "
     "checkpoint_leaf_id, committed_leaf_id, journal_consumed_at, created_at, updated_at"
 )
+KEY_COLUMNS = "name, admin, allow_commands, max_running, created_at, last_used_at, revoked_at"
 ENTRY_COLUMNS = (
     "session_id, entry_id, parent_id, run_id, attempt_id, kind, body, position, created_at"
 )
@@ -48,6 +49,10 @@ _FRAGMENTS = {
     "e_entry_columns": _q("e", ENTRY_COLUMNS),
     "lease": "now() + make_interval(secs => CAST(:lease_ttl AS double precision))",
     "owned_slot": _OWNED_SLOT,
+    "key_columns": KEY_COLUMNS,
+    # A run's payload without its sealed env: what idempotency compares, and what a
+    # settled run keeps (turnkeeper.envelope).
+    "unsealed": "#- '{env,sealed}'",
 }
 
 
@@ -63,22 +68,41 @@ LOCK_SESSION = text("SELECT pg_advisory_xact_lock(hashtextextended(:lock_key, 0)
 
 FIND_RECEIPT = text("SELECT session_id FROM run_receipts WHERE run_id = :run_id")
 
-ENSURE_SESSION = text(
-    "INSERT INTO sessions (session_id) VALUES (:session_id) ON CONFLICT (session_id) DO NOTHING"
+# The session's tenant: the one just inserted, or the one it already had.
+ENSURE_SESSION = text("""
+WITH inserted AS (
+    INSERT INTO sessions (session_id, key_name) VALUES (:session_id, :key_name)
+    ON CONFLICT (session_id) DO NOTHING
+    RETURNING key_name
 )
+SELECT key_name FROM inserted
+UNION ALL
+SELECT key_name FROM sessions WHERE session_id = :session_id
+""")
+
+# The key a run is admitted under, locked: admissions of one key are serialized, so
+# counting its unsettled runs and inserting one cannot race, and a revoke waits.
+LOCK_KEY = text("SELECT max_running, revoked_at FROM api_keys WHERE name = :key_name FOR UPDATE")
+
+UNSETTLED_RUNS_OF_KEY = text("""
+SELECT count(*) FROM runs WHERE key_name = :key_name AND status IN ('queued', 'running')
+""")
+
+RUN_EXISTS = text("SELECT EXISTS (SELECT 1 FROM runs WHERE run_id = :run_id)")
 
 INSERT_RUN = _sql("""
-INSERT INTO runs (run_id, session_id, status, payload, max_attempts, deadline)
+INSERT INTO runs (run_id, session_id, status, payload, max_attempts, deadline, key_name)
 VALUES (
     :run_id, :session_id, 'queued', CAST(:payload AS jsonb), :max_attempts,
-    now() + make_interval(secs => CAST(:deadline AS double precision))
+    now() + make_interval(secs => CAST(:deadline AS double precision)), :key_name
 )
 ON CONFLICT (run_id) DO NOTHING
 RETURNING $run_columns
 """)
 
 EXISTING_RUN = _sql("""
-SELECT $run_columns, payload = CAST(:payload AS jsonb) AS same_payload
+SELECT $run_columns,
+    (payload $unsealed) = (CAST(:payload AS jsonb) $unsealed) AS same_payload
 FROM runs WHERE run_id = :run_id
 """)
 
@@ -198,7 +222,7 @@ WITH doomed AS (
                 WHEN 'cancelled' THEN 'the run was cancelled and its owner is gone'
                 WHEN 'deadline-exceeded' THEN 'the run passed its deadline'
                 ELSE 'the run used all of its attempts' END),
-        finished_at = now(), updated_at = now()
+        payload = r.payload $unsealed, finished_at = now(), updated_at = now()
     FROM doomed d WHERE r.run_id = d.run_id
     RETURNING $r_run_columns
 ), ended AS (
@@ -209,10 +233,10 @@ WITH doomed AS (
 SELECT $run_columns FROM settled ORDER BY seq
 """)
 
-SETTLE_RUN = text("""
+SETTLE_RUN = _sql("""
 WITH settled AS (
     UPDATE runs SET status = :status, error = CAST(:error AS jsonb),
-        finished_at = now(), updated_at = now()
+        payload = payload $unsealed, finished_at = now(), updated_at = now()
     WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
     RETURNING run_id
 ), ended AS (
@@ -243,6 +267,7 @@ UPDATE runs SET
     error = CASE WHEN status = 'queued'
         THEN jsonb_build_object('reason', 'cancelled', 'message', 'cancelled before it started')
         ELSE error END,
+    payload = CASE WHEN status = 'queued' THEN payload $unsealed ELSE payload END,
     updated_at = now()
 WHERE run_id = :run_id AND status IN ('queued', 'running')
 RETURNING $run_columns
@@ -430,6 +455,42 @@ INSERT INTO session_deletions (session_id) VALUES (:session_id)
 ON CONFLICT (session_id) DO UPDATE SET deleted_at = now()
 """)
 
+SESSION_TENANT = text("SELECT key_name FROM sessions WHERE session_id = :session_id")
+
+# --- API keys --------------------------------------------------------------------------
+
+INSERT_KEY = text("""
+INSERT INTO api_keys (name, key_hash, admin, allow_commands, max_running)
+VALUES (:name, :key_hash, :admin, :allow_commands, :max_running)
+ON CONFLICT (name) DO NOTHING
+RETURNING name
+""")
+
+# One round trip per request, and a write at most once per ``touch_every`` seconds.
+AUTHENTICATE_KEY = _sql("""
+WITH found AS (
+    SELECT $key_columns FROM api_keys WHERE key_hash = :key_hash AND revoked_at IS NULL
+), touched AS (
+    UPDATE api_keys k SET last_used_at = now() FROM found
+    WHERE k.name = found.name AND (found.last_used_at IS NULL OR found.last_used_at
+        < now() - make_interval(secs => CAST(:touch_every AS double precision)))
+)
+SELECT $key_columns FROM found
+""")
+
+LIST_KEYS = _sql("SELECT $key_columns FROM api_keys ORDER BY created_at, name")
+
+REVOKE_KEY = _sql("""
+UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now()) WHERE name = :name
+RETURNING $key_columns
+""")
+
+ACTIVE_KEYS = text("SELECT count(*) FROM api_keys WHERE revoked_at IS NULL")
+
+KEY_IS_LIVE = text(
+    "SELECT EXISTS (SELECT 1 FROM api_keys WHERE name = :name AND revoked_at IS NULL)"
+)
+
 # --- reads and the reconciler ----------------------------------------------------------
 
 GET_RUN = _sql("SELECT $run_columns FROM runs WHERE run_id = :run_id")
@@ -438,6 +499,7 @@ LIST_RUNS = _sql("""
 SELECT $run_columns FROM runs
 WHERE (CAST(:status AS text) IS NULL OR status = :status)
   AND (CAST(:session_id AS text) IS NULL OR session_id = :session_id)
+  AND (CAST(:key_name AS text) IS NULL OR key_name = :key_name)
 ORDER BY seq DESC
 LIMIT :limit
 """)
@@ -492,7 +554,7 @@ SELECT sandbox_ref FROM runs
 WHERE status IN ('queued', 'running') AND sandbox_ref IS NOT NULL
 """)
 
-PRUNE_SETTLED = text("""
+PRUNE_SETTLED = _sql("""
 WITH batch AS (
     SELECT run_id FROM runs
     WHERE finished_at IS NOT NULL AND pruned_at IS NULL
@@ -505,7 +567,8 @@ WITH batch AS (
 ), slots AS (
     DELETE FROM turn_slots j USING batch b WHERE j.run_id = b.run_id
 ), marked AS (
-    UPDATE runs r SET pruned_at = now() FROM batch b WHERE r.run_id = b.run_id
+    UPDATE runs r SET pruned_at = now(), payload = r.payload $unsealed
+    FROM batch b WHERE r.run_id = b.run_id
     RETURNING r.run_id
 )
 SELECT count(*) FROM marked

@@ -95,12 +95,31 @@ class Run:
     error: Any
     dispatched_at: datetime | None
     pruned_at: datetime | None
+    key_name: str | None = None
+    """The API key the run belongs to; None for a trusted client's own runs."""
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Run:
         values = dict(row)
         values["status"] = RunStatus(values["status"])
         return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """An API key as the store knows it: its name and scopes, never the key itself."""
+
+    name: str
+    admin: bool
+    allow_commands: bool
+    max_running: int | None
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> ApiKey:
+        return cls(**dict(row))
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +194,20 @@ def check_id(value: object, what: str) -> str:
     if _CONTROL_CHARACTER.search(value) is not None:
         raise InvalidInputError(
             f"{what} contains a control character", reason=f"invalid-{what.replace('_', '-')}"
+        )
+    return value
+
+
+_KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def check_key_name(value: object) -> str:
+    """Key names are short and plain: they appear in Redis keys, logs and tables."""
+    if not isinstance(value, str) or _KEY_NAME.fullmatch(value) is None:
+        raise InvalidInputError(
+            "a key name is 1 to 64 letters, digits, '_', '.' or '-', starting with a letter "
+            f"or digit; got {str(value)[:70]!r}",
+            reason="invalid-key-name",
         )
     return value
 

@@ -30,6 +30,22 @@ def _one_of(column: str, values: tuple[str, ...]) -> str:
     return f"{column} IN ({', '.join(repr(v) for v in values)})"
 
 
+# API keys: only a hash of each key is kept. A name is never reused (revoking keeps
+# the row), so runs and sessions that belong to it can never pass to a new key.
+api_keys = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("key_hash", sa.LargeBinary, nullable=False, unique=True),
+    sa.Column("admin", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("allow_commands", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("max_running", sa.Integer, nullable=True),
+    sa.Column("created_at", _TS, nullable=False, server_default=_NOW),
+    sa.Column("last_used_at", _TS, nullable=True),
+    sa.Column("revoked_at", _TS, nullable=True),
+    sa.CheckConstraint("max_running IS NULL OR max_running >= 1", name="max_running"),
+)
+
 sessions = sa.Table(
     "sessions",
     metadata,
@@ -38,6 +54,8 @@ sessions = sa.Table(
     sa.Column("version", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("created_at", _TS, nullable=False, server_default=_NOW),
     sa.Column("updated_at", _TS, nullable=False, server_default=_NOW),
+    # The tenant: the key whose first run opened the session (NULL: a trusted client).
+    sa.Column("key_name", sa.Text, sa.ForeignKey("api_keys.name"), nullable=True),
 )
 
 runs = sa.Table(
@@ -66,6 +84,8 @@ runs = sa.Table(
     sa.Column("error", JSONB, nullable=True),
     sa.Column("dispatched_at", _TS, nullable=True),
     sa.Column("pruned_at", _TS, nullable=True),
+    # The tenant: the key that submitted the run (NULL: a trusted client on its own behalf).
+    sa.Column("key_name", sa.Text, sa.ForeignKey("api_keys.name"), nullable=True),
     sa.CheckConstraint(_one_of("status", RUN_STATUSES), name="status"),
     sa.CheckConstraint("max_attempts >= 1", name="max_attempts"),
     sa.CheckConstraint(
@@ -85,6 +105,12 @@ runs = sa.Table(
         "ix_runs_lease_expires_at_running",
         "lease_expires_at",
         postgresql_where=sa.text("status = 'running'"),
+    ),
+    sa.Index("ix_runs_key_name_seq", "key_name", "seq"),
+    sa.Index(
+        "ix_runs_key_name_unsettled",
+        "key_name",
+        postgresql_where=sa.text("status IN ('queued', 'running')"),
     ),
     sa.Index(
         "ix_runs_finished_at_unpruned",

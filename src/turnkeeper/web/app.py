@@ -5,56 +5,61 @@ turnkeeper.web:app``); ``create_app(settings)`` builds one for tests and for
 embedding in another ASGI app. Store and broker calls are synchronous, so their
 endpoints run in the threadpool; the stream reads Redis on asyncio.
 
-Access: the stream of a run needs the signed, expiring token that ``POST /runs``
-and ``GET /runs/{id}`` put in its ``stream_url``. The other endpoints are meant
-for the web app's backend and operators on a trusted network; pass ``auth`` (a
-FastAPI dependency that raises to refuse) to guard every endpoint with the
-app's own authentication instead, tokens then being unneeded.
+Access: every route needs ``Authorization: Bearer KEY`` (``turnkeeper keys
+create``) except ``/healthz``, the dashboard's pages and files, and a run's
+event stream opened with the signed, expiring token its ``stream_url`` carries.
+A run belongs to the key that submitted it (``turnkeeper.web.auth``); what a key
+may run is the agent catalog's business (``turnkeeper.agents.catalog``). The
+design is in ``docs/architecture.md`` ("API access and the server secret").
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, Literal
 
 import structlog
-from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
-from sse_starlette import EventSourceResponse
-from starlette.concurrency import run_in_threadpool
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from turnkeeper.agents.catalog import Catalog
 from turnkeeper.client import Client
 from turnkeeper.config import Settings, load_settings
 from turnkeeper.embedded import resolve_services
 from turnkeeper.errors import (
-    AccessDeniedError,
     AgentError,
+    ApiKeyError,
+    AuthenticationError,
     ConfigError,
     InvalidInputError,
     LogGoneError,
     LogOffsetError,
+    NotPermittedError,
+    QuotaExceededError,
     RunConflictError,
     RunNotFoundError,
     ServiceError,
+    SessionDeletedError,
+    SessionNotFoundError,
     TurnkeeperError,
 )
 from turnkeeper.log import AsyncRunLog, RunLog
+from turnkeeper.log.quota import StreamSlots, SubmitRate
 from turnkeeper.logconfig import configure_logging
+from turnkeeper.secret import STREAM_TOKENS, ServerSecret
 from turnkeeper.store.records import check_id
-from turnkeeper.web import sse
+from turnkeeper.web.edge import BodyLimit, OriginCheck, SecurityHeaders, redact_access_log
 from turnkeeper.web.metrics import WebMetrics
-from turnkeeper.web.tokens import StreamTokens, server_secret
-from turnkeeper.web.views import entry_view, events_path, run_view
+from turnkeeper.web.routes import api_router
+from turnkeeper.web.tokens import StreamTokens
 
 log = structlog.get_logger(__name__)
 
@@ -63,16 +68,22 @@ STATIC_DIR = Path(str(files("turnkeeper.web") / "static"))
 MAX_REDIS_CONNECTIONS = 4096
 
 _STATUS_BY_ERROR: tuple[tuple[type[TurnkeeperError], int], ...] = (
+    (AuthenticationError, 401),
+    (ApiKeyError, 401),  # revoked between the request's lookup and its admission
+    (NotPermittedError, 403),
     (RunNotFoundError, 404),
-    (AccessDeniedError, 403),
+    (SessionNotFoundError, 404),
+    (QuotaExceededError, 429),
     (LogGoneError, 410),
     (RunConflictError, 409),
+    (SessionDeletedError, 409),
     (LogOffsetError, 400),
     (InvalidInputError, 400),
     (AgentError, 400),
     (ConfigError, 400),
     (ServiceError, 503),
 )
+_UNAVAILABLE = "a service turnkeeper depends on is unavailable; retry later"
 
 
 def status_of(exc: TurnkeeperError) -> int:
@@ -80,21 +91,6 @@ def status_of(exc: TurnkeeperError) -> int:
         if isinstance(exc, kind):
             return status
     return 500
-
-
-class SubmitRequest(BaseModel):
-    """The body of ``POST /runs``: what ``Client.submit`` takes."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    agent: str | dict[str, Any] = Field(description="A preset name or an agent spec.")
-    prompt: str
-    session_id: str | None = None
-    run_id: str | None = None
-    env: dict[str, str] | None = None
-    provider: Literal["local", "bwrap", "ssh"] | None = None
-    max_attempts: int | None = Field(default=None, ge=1, le=100)
-    timeout: float | None = Field(default=None, gt=0)
 
 
 @dataclass
@@ -106,15 +102,32 @@ class WebState:
     run_log: AsyncRunLog
     tokens: StreamTokens
     metrics: WebMetrics
+    catalog: Catalog
+    submit_rate: SubmitRate
+    stream_slots: StreamSlots
 
     @classmethod
     def open(cls, settings: Settings) -> WebState:
+        secret = ServerSecret.require(settings, "to serve the web app")
+        catalog = Catalog.load(settings)
+        client = Client.from_settings(settings)
+        run_log = AsyncRunLog.from_settings(settings, max_connections=MAX_REDIS_CONNECTIONS)
         return cls(
             settings=settings,
-            client=Client.from_settings(settings),
-            run_log=AsyncRunLog.from_settings(settings, max_connections=MAX_REDIS_CONNECTIONS),
-            tokens=StreamTokens(server_secret(settings), settings.stream_token_ttl),
+            client=client,
+            run_log=run_log,
+            tokens=StreamTokens(secret.subkey(STREAM_TOKENS), settings.stream_token_ttl),
             metrics=WebMetrics(settings.require_database_url(), RunLog.from_settings(settings)),
+            catalog=catalog,
+            submit_rate=SubmitRate(
+                client.log.client,
+                namespace=settings.namespace,
+                per_minute=settings.submit_rate,
+                burst=settings.submit_burst,
+            ),
+            stream_slots=StreamSlots(
+                run_log.client, namespace=settings.namespace, cap=settings.max_streams_per_key
+            ),
         )
 
     async def aclose(self) -> None:
@@ -148,21 +161,17 @@ class _RequestTimer:
         await self.app(scope, receive, timed_send)
 
 
-def create_app(
-    settings: Settings | None = None,
-    *,
-    auth: Callable[..., Any] | None = None,
-    ping_seconds: float = 15.0,
-) -> FastAPI:
+def create_app(settings: Settings | None = None, *, ping_seconds: float = 15.0) -> FastAPI:
     """The web app on ``settings`` (read from the environment at startup when None)."""
+    edge_settings = settings or load_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         resolved = settings
         if resolved is None:
-            loaded = load_settings()
-            configure_logging(loaded.log_level, loaded.log_format)
-            resolved, _ = resolve_services(loaded, start=False)
+            configure_logging(edge_settings.log_level, edge_settings.log_format)
+            resolved, _ = resolve_services(edge_settings, start=False)
+        redact_access_log()
         app.state.web = WebState.open(resolved)
         log.info("web.started", namespace=resolved.namespace)
         try:
@@ -174,30 +183,48 @@ def create_app(
         title="turnkeeper",
         summary="Enqueue AI-agent runs and follow their output, resumably.",
         lifespan=lifespan,
+        docs_url=None,  # the interactive docs load scripts from a CDN: the CSP forbids them
+        redoc_url=None,
+        openapi_url=None,  # served by the API router, behind a key
     )
+    # Outermost last: headers on every response, then Host, Origin and body checks.
+    app.add_middleware(BodyLimit, max_bytes=edge_settings.max_body_bytes)
+    app.add_middleware(OriginCheck)
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=edge_settings.trusted_hosts)
     app.add_middleware(_RequestTimer)
+    app.add_middleware(SecurityHeaders)
     _install_error_handlers(app)
-    api = APIRouter(dependencies=[Depends(auth)] if auth is not None else [])
-    _add_run_routes(api, tokens_required=auth is None, ping_seconds=ping_seconds)
-    _add_service_routes(api)
-    app.include_router(api)
+    app.include_router(api_router(ping_seconds=ping_seconds))
     _add_dashboard(app)
     return app
-
-
-def _web(request: Request) -> WebState:
-    state: WebState = request.app.state.web
-    return state
 
 
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(TurnkeeperError)
     async def turnkeeper_error(_: Request, exc: TurnkeeperError) -> JSONResponse:
         status = status_of(exc)
+        headers: dict[str, str] = {}
         if status >= 500:
+            # Database and driver text stays in the log, never in a response.
             log.warning("web.request.failed", error=str(exc))
+            unavailable = status == 503
+            body = {
+                "error": _UNAVAILABLE if unavailable else "internal error",
+                "reason": "unavailable" if unavailable else "internal-error",
+            }
+            return JSONResponse(body, status_code=status)
+        if exc.reason == "invalid-value":  # the database refused a value: its words stay here
+            log.info("web.request.refused_value", error=str(exc))
+            body = {"error": "a value was refused by the store", "reason": exc.reason}
+            return JSONResponse(body, status_code=status)
+        if status == 401:
+            error = "invalid_token" if exc.reason != "missing-key" else None
+            challenge = 'Bearer realm="turnkeeper"' + (f', error="{error}"' if error else "")
+            headers["WWW-Authenticate"] = challenge
+        if status == 429:
+            headers["Retry-After"] = str(exc.fields.get("retry_after", 1))
         body = {"error": exc.message, **{k: str(v) for k, v in exc.context().items()}}
-        return JSONResponse(body, status_code=status)
+        return JSONResponse(body, status_code=status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -211,145 +238,21 @@ def _install_error_handlers(app: FastAPI) -> None:
         )
 
 
-def _add_run_routes(api: APIRouter, *, tokens_required: bool, ping_seconds: float) -> None:
-    def described(state: WebState, request: Request, run_id: str) -> dict[str, Any]:
-        store = state.client.store
-        run = state.client.require(run_id)
-        view = run_view(run, store.get_turn_slot(run_id), store.database_now())
-        token = state.tokens.issue(run_id) if tokens_required else None
-        view["stream_url"] = events_path(request.scope.get("root_path", ""), run_id, token)
-        return view
-
-    @api.post("/runs", status_code=201, tags=["runs"])
-    def submit_run(body: SubmitRequest, request: Request) -> dict[str, Any]:
-        """Admit a run and enqueue it; idempotent by ``run_id``. Returns it with its stream URL."""
-        state = _web(request)
-        for value, what in ((body.run_id, "run_id"), (body.session_id, "session_id")):
-            if value is not None:
-                check_id(value, what)
-        run = state.client.submit(
-            body.agent,
-            body.prompt,
-            session_id=body.session_id,
-            run_id=body.run_id,
-            env=body.env,
-            provider=body.provider,
-            max_attempts=body.max_attempts,
-            timeout=body.timeout,
-        )
-        log.info("web.run.submitted", run_id=run.run_id)
-        return described(state, request, run.run_id)
-
-    @api.get("/runs", tags=["runs"])
-    def list_runs(
-        request: Request,
-        status: str | None = None,
-        session_id: str | None = None,
-        limit: int = 50,
-    ) -> dict[str, Any]:
-        """The newest runs first, with phase and lease, for operators and the dashboard."""
-        state = _web(request)
-        store = state.client.store
-        runs = state.client.list_runs(status=status, session_id=session_id, limit=limit)
-        now = store.database_now()
-        views = [run_view(run, store.get_turn_slot(run.run_id), now) for run in runs]
-        return {"runs": views, "now": now.isoformat()}
-
-    @api.get("/runs/{run_id:path}/events", tags=["runs"], response_class=EventSourceResponse)
-    async def run_events(
-        run_id: str,
-        request: Request,
-        offset: str | None = None,
-        token: str | None = None,
-        last_event_id: str | None = Header(default=None),
-    ) -> EventSourceResponse:
-        """The run's chunks as SSE after ``Last-Event-ID`` or ``?offset=``, until the log closes."""
-        state = _web(request)
-        check_id(run_id, "run_id")
-        after = sse.parse_offset(last_event_id, offset)
-        if tokens_required:
-            state.tokens.verify(token, run_id)
-        run = await run_in_threadpool(state.client.require, run_id)
-        sse.check_start(run, await state.run_log.state(run_id), after)
-        metrics = state.metrics
-
-        async def stream() -> AsyncIterator[dict[str, Any]]:
-            metrics.open_streams.inc()
-            try:
-                async for event in sse.events(
-                    state.run_log,
-                    run_id,
-                    after,
-                    on_first_event=metrics.first_event_seconds.observe,
-                ):
-                    if "id" in event:
-                        metrics.events_sent.inc()
-                    yield event
-            finally:
-                metrics.open_streams.dec()
-
-        return EventSourceResponse(
-            stream(),
-            ping=ping_seconds,
-            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-        )
-
-    @api.post("/runs/{run_id:path}/cancel", tags=["runs"])
-    def cancel_run(run_id: str, request: Request) -> dict[str, Any]:
-        """Cancel a run: a queued one at once, a running one within one heartbeat."""
-        state = _web(request)
-        state.client.cancel(run_id)
-        return described(state, request, run_id)
-
-    @api.get("/runs/{run_id:path}", tags=["runs"])
-    def get_run(run_id: str, request: Request) -> dict[str, Any]:
-        """A run's status, phase, epoch, attempts, owner, lease, and its stream URL."""
-        return described(_web(request), request, run_id)
-
-    @api.get("/sessions/{session_id:path}/transcript", tags=["sessions"])
-    def transcript(session_id: str, request: Request) -> dict[str, Any]:
-        """The session's committed conversation, oldest entry first."""
-        entries = _web(request).client.transcript(session_id)
-        return {"session_id": session_id, "entries": [entry_view(e) for e in entries]}
-
-
-def _add_service_routes(api: APIRouter) -> None:
-    @api.get("/healthz", tags=["service"])
-    def healthz(request: Request) -> JSONResponse:
-        """200 when the database and Redis answer, else 503 saying which does not."""
-        state = _web(request)
-        checks: dict[str, str] = {}
-        try:
-            state.client.store.database_now()
-            checks["database"] = "ok"
-        except TurnkeeperError as exc:
-            checks["database"] = exc.message
-        try:
-            state.client.log.client.ping()
-            checks["redis"] = "ok"
-        except Exception as exc:  # noqa: BLE001 - any Redis failure is reported, not raised
-            checks["redis"] = type(exc).__name__
-        healthy = all(value == "ok" for value in checks.values())
-        return JSONResponse(
-            {"status": "ok" if healthy else "unavailable", **checks},
-            status_code=200 if healthy else 503,
-        )
-
-    @api.get("/metrics", tags=["service"], response_class=Response)
-    def metrics(request: Request) -> Response:
-        """Prometheus metrics (see turnkeeper.web.metrics for what is and is not covered)."""
-        body = generate_latest(_web(request).metrics.registry)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
-
-
 def _add_dashboard(app: FastAPI) -> None:
+    """The dashboard's pages hold no data: they call the API with the key the user
+    gave the login page (kept in sessionStorage)."""
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    no_store = {"Cache-Control": "no-store"}
 
     @app.get("/", include_in_schema=False)
     def dashboard() -> FileResponse:
-        return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-store"})
+        return FileResponse(STATIC_DIR / "index.html", headers=no_store)
+
+    @app.get("/login", include_in_schema=False)
+    def login_page() -> FileResponse:
+        return FileResponse(STATIC_DIR / "login.html", headers=no_store)
 
     @app.get("/ui/runs/{run_id:path}", include_in_schema=False)
     def run_page(run_id: str) -> FileResponse:
         check_id(run_id, "run_id")
-        return FileResponse(STATIC_DIR / "run.html", headers={"Cache-Control": "no-store"})
+        return FileResponse(STATIC_DIR / "run.html", headers=no_store)

@@ -33,13 +33,13 @@ def parse_offset(last_event_id: str | None, offset: str | None) -> int:
     for name, raw in (("Last-Event-ID", last_event_id), ("offset", offset)):
         if raw is None or raw == "":
             continue
-        text = raw.strip()
-        if not text.isdigit() or int(text) > MAX_OFFSET:
+        # ASCII digits only: str.isdigit alone passes '²', which int() refuses.
+        if not raw.isascii() or not raw.isdigit() or int(raw) > MAX_OFFSET:
             raise InvalidInputError(
                 f"{name} must be a non-negative integer seq, got {raw[:40]!r}",
                 reason="invalid-offset",
             )
-        return int(text)
+        return int(raw)
     return 0
 
 

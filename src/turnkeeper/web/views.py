@@ -16,14 +16,15 @@ def iso(value: datetime | None) -> str | None:
 def run_view(run: Run, journal: TurnSlot | None, now: datetime) -> dict[str, Any]:
     """A run for operators: status, phase, epoch, attempts, owner and the lease on the DB clock.
 
-    Never the placement record (``run.sandbox_ref``): it holds each agent process's
-    sentinel nonce, which no client may see."""
+    Never its payload (the prompt and sealed env) nor its sandbox placement, which
+    holds each agent process's sentinel nonce."""
     lease_left = None
     if run.lease_expires_at is not None and run.status.value == "running":
         lease_left = round((run.lease_expires_at - now).total_seconds(), 3)
     return {
         "run_id": run.run_id,
         "session_id": run.session_id,
+        "key_name": run.key_name,
         "status": run.status.value,
         "phase": journal.phase.value if journal else None,
         "turn_index": journal.turn_index if journal else None,

@@ -10,15 +10,20 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
+from turnkeeper.agents.spec import AgentSpec
 from turnkeeper.config import Settings
-from turnkeeper.errors import SandboxError
+from turnkeeper.envelope import EnvSealer
+from turnkeeper.errors import AgentError, SandboxError
 from turnkeeper.log import RunLog
 from turnkeeper.sandbox.factory import at_least_as_strong, provider_for
 from turnkeeper.sandbox.provider import SandboxProvider
+from turnkeeper.secret import ServerSecret
 from turnkeeper.store.store import Store
 
 log = structlog.get_logger(__name__)
@@ -32,6 +37,7 @@ class WorkerRuntime:
     owner: str
     _providers: dict[str, SandboxProvider] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _sealer: EnvSealer | None = None
 
     @classmethod
     def open(cls, settings: Settings) -> WorkerRuntime:
@@ -64,6 +70,31 @@ class WorkerRuntime:
             if key not in self._providers:
                 self._providers[key] = provider_for(key, self.settings)
             return self._providers[key]
+
+    def agent_env(self, run_id: str, payload: Any, spec: AgentSpec) -> dict[str, str]:
+        """The env a run's agent gets: its sealed values opened, then the variables its
+        ``env_from`` names, read from this worker's own environment at spawn time."""
+        env = dict(spec.env)  # a run admitted before env values were sealed
+        sealed = payload.get("env") if isinstance(payload, Mapping) else None
+        if sealed is not None:
+            env.update(self._env_sealer().open(run_id, sealed))
+        missing = [name for name in spec.env_from if name not in os.environ]
+        if missing:
+            raise AgentError(
+                f"the worker's environment has no {', '.join(missing)}, which the agent's "
+                "env_from names; set it on every worker",
+                run_id=run_id,
+                reason="missing-env",
+            )
+        env.update({name: os.environ[name] for name in spec.env_from})
+        return env
+
+    def _env_sealer(self) -> EnvSealer:
+        with self._lock:
+            if self._sealer is None:
+                secret = ServerSecret.require(self.settings, "to open a run's env values")
+                self._sealer = EnvSealer(secret)
+            return self._sealer
 
     def close(self) -> None:
         self.store.close()

@@ -157,4 +157,7 @@ async function start() {
   }
 }
 
-start();
+if (apiKey()) {
+  showIdentity().catch(() => {});
+  start();
+}

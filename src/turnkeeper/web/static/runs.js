@@ -1,5 +1,6 @@
 "use strict";
-// The runs table: refetched every 1.5 s, newest first.
+// The runs table: refetched every 1.5 s, newest first; the key's own runs (every run
+// for an admin key: the API decides).
 
 const REFRESH_MS = 1500;
 
@@ -38,4 +39,7 @@ async function refresh() {
   }
 }
 
-refresh();
+if (apiKey()) {
+  showIdentity().catch(() => {});
+  refresh();
+}

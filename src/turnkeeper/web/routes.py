@@ -1,0 +1,302 @@
+"""The API's routes: runs, their event streams, sessions' transcripts, the service.
+
+Every route but ``/healthz`` and a token-bearing event stream takes the caller's
+key (``auth.authenticate``); a run another key owns is a 404, exactly like a
+run that does not exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import anyio
+import structlog
+from fastapi import APIRouter, Depends, Header, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+from sse_starlette import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
+
+from turnkeeper.errors import (
+    AuthenticationError,
+    InvalidInputError,
+    SessionNotFoundError,
+    TurnkeeperError,
+)
+from turnkeeper.log.quota import STREAM_RENEW_SECONDS
+from turnkeeper.store.records import Run, check_id
+from turnkeeper.web import sse
+from turnkeeper.web.auth import Principal, authenticate, bearer_key, require_visible
+from turnkeeper.web.views import entry_view, events_path, run_view
+
+if TYPE_CHECKING:
+    from turnkeeper.web.app import WebState
+
+log = structlog.get_logger(__name__)
+
+MAX_LIST_LIMIT = 1000
+_COUNT = re.compile(r"[0-9]{1,7}")
+
+Caller = Annotated[Principal, Depends(authenticate)]
+
+
+class SubmitRequest(BaseModel):
+    """The body of ``POST /runs``. ``agent`` names an agent of the catalog; an inline
+    spec (an object) needs a key created with ``--allow-commands``. The other fields
+    can only tighten what the catalog and the settings allow."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    agent: str | dict[str, Any] = Field(description="A catalog name, or an inline agent spec.")
+    prompt: str
+    session_id: str | None = None
+    run_id: str | None = None
+    env: dict[str, str] | None = None
+    provider: Literal["local", "bwrap", "ssh"] | None = None
+    max_attempts: int | None = Field(default=None, ge=1)
+    timeout: float | None = Field(default=None, gt=0)
+
+
+def parse_count(raw: str | None, name: str, *, default: int, most: int) -> int:
+    """A query count: ASCII digits only (no signs, spaces, '_' or other scripts' digits)."""
+    if raw is None:
+        return default
+    if _COUNT.fullmatch(raw) is None or not 1 <= int(raw) <= most:
+        raise InvalidInputError(
+            f"{name} must be an integer from 1 to {most}, got {raw[:20]!r}",
+            reason=f"invalid-{name}",
+        )
+    return int(raw)
+
+
+def api_router(*, ping_seconds: float) -> APIRouter:
+    api = APIRouter()
+    # The event route first: `/runs/{run_id:path}` would otherwise swallow `.../events`.
+    _add_event_route(api, ping_seconds=ping_seconds)
+    _add_run_routes(api)
+    _add_service_routes(api)
+    return api
+
+
+def _state(request: Request) -> WebState:
+    state: WebState = request.app.state.web
+    return state
+
+
+def _described(request: Request, run: Run) -> dict[str, Any]:
+    state = _state(request)
+    store = state.client.store
+    view = run_view(run, store.get_turn_slot(run.run_id), store.database_now())
+    token = state.tokens.issue(run.run_id)
+    view["stream_url"] = events_path(request.scope.get("root_path", ""), run.run_id, token)
+    return view
+
+
+def _visible_run(request: Request, principal: Principal, run_id: str) -> Run:
+    check_id(run_id, "run_id")
+    return require_visible(principal, _state(request).client.get(run_id), run_id)
+
+
+def _add_run_routes(api: APIRouter) -> None:
+    @api.post("/runs", status_code=201, tags=["runs"])
+    def submit_run(body: SubmitRequest, request: Request, principal: Caller) -> dict[str, Any]:
+        """Admit a run and enqueue it; idempotent by ``run_id``. Returns it with its stream URL."""
+        state = _state(request)
+        for value, what in ((body.run_id, "run_id"), (body.session_id, "session_id")):
+            if value is not None:
+                check_id(value, what)
+        admission = state.catalog.admit(
+            body.agent,
+            allow_commands=principal.allow_commands,
+            env=body.env,
+            provider=body.provider,
+            timeout=body.timeout,
+            max_attempts=body.max_attempts,
+        )
+        state.submit_rate.take(principal.name)  # what would be admitted counts, not refusals
+        run = state.client.submit(
+            admission.agent,
+            body.prompt,
+            session_id=body.session_id,
+            run_id=body.run_id,
+            env=admission.env,
+            provider=admission.provider,
+            max_attempts=admission.max_attempts,
+            timeout=admission.timeout,
+            key_name=principal.name,
+        )
+        log.info("web.run.submitted", run_id=run.run_id, key_name=principal.name)
+        return _described(request, run)
+
+    @api.get("/runs", tags=["runs"])
+    def list_runs(
+        request: Request,
+        principal: Caller,
+        status: str | None = None,
+        session_id: str | None = None,
+        limit: str | None = None,
+    ) -> dict[str, Any]:
+        """The newest runs first (the key's own; every run for an admin key)."""
+        count = parse_count(limit, "limit", default=50, most=MAX_LIST_LIMIT)
+        if session_id is not None:
+            check_id(session_id, "session_id")
+        client = _state(request).client
+        runs = client.list_runs(
+            status=status, session_id=session_id, key_name=principal.tenant_filter, limit=count
+        )
+        now = client.store.database_now()
+        views = [run_view(run, client.store.get_turn_slot(run.run_id), now) for run in runs]
+        return {"runs": views, "now": now.isoformat()}
+
+    @api.post("/runs/{run_id:path}/cancel", tags=["runs"])
+    def cancel_run(run_id: str, request: Request, principal: Caller) -> dict[str, Any]:
+        """Cancel a run: a queued one at once, a running one within one heartbeat."""
+        _visible_run(request, principal, run_id)
+        return _described(request, _state(request).client.cancel(run_id))
+
+    @api.get("/runs/{run_id:path}", tags=["runs"])
+    def get_run(run_id: str, request: Request, principal: Caller) -> dict[str, Any]:
+        """A run's status, phase, epoch, attempts, owner, lease, and its stream URL."""
+        return _described(request, _visible_run(request, principal, run_id))
+
+    @api.get("/sessions/{session_id:path}/transcript", tags=["sessions"])
+    def transcript(session_id: str, request: Request, principal: Caller) -> dict[str, Any]:
+        """The session's committed conversation, oldest entry first."""
+        check_id(session_id, "session_id")
+        client = _state(request).client
+        exists, tenant = client.store.session_tenant(session_id)
+        if not exists or not principal.sees(tenant):
+            raise SessionNotFoundError(
+                f"no session has the id {session_id!r}", session_id=session_id
+            )
+        entries = client.transcript(session_id)
+        return {"session_id": session_id, "entries": [entry_view(e) for e in entries]}
+
+
+def _add_event_route(api: APIRouter, *, ping_seconds: float) -> None:
+    @api.get("/runs/{run_id:path}/events", tags=["runs"], response_class=EventSourceResponse)
+    async def run_events(
+        run_id: str,
+        request: Request,
+        offset: str | None = None,
+        token: str | None = None,
+        last_event_id: str | None = Header(default=None),
+    ) -> EventSourceResponse:
+        """The run's chunks as SSE after ``Last-Event-ID`` or ``?offset=``, until the log
+        closes. Opened with the run's stream token, or with a key that may see the run."""
+        state = _state(request)
+        check_id(run_id, "run_id")
+        after = sse.parse_offset(last_event_id, offset)
+        principal: Principal | None = None
+        if bearer_key(request) is not None:
+            principal = await authenticate(request)
+            run = require_visible(
+                principal, await run_in_threadpool(state.client.get, run_id), run_id
+            )
+        else:
+            state.tokens.verify(token, run_id)
+            run = await run_in_threadpool(state.client.require, run_id)
+            # A token outlives nothing: revoking its key cuts off the stream URLs it got.
+            owner = run.key_name
+            if owner is not None and not await run_in_threadpool(
+                state.client.store.key_is_live, owner
+            ):
+                raise AuthenticationError(
+                    "the key this stream token was issued to is revoked",
+                    run_id=run_id,
+                    reason="revoked-key",
+                )
+        sse.check_start(run, await state.run_log.state(run_id), after)
+        # Streams count against the caller's key, or the run's owner for a token
+        # (a trusted client's run, owned by no key, is not counted).
+        charged = principal.name if principal is not None else run.key_name
+        slot = None if charged is None else (charged, await state.stream_slots.acquire(charged))
+        metrics = state.metrics
+
+        async def renew_slot(key_name: str, slot_id: str) -> None:
+            while True:
+                await asyncio.sleep(STREAM_RENEW_SECONDS)
+                await state.stream_slots.renew(key_name, slot_id)
+
+        async def stream() -> AsyncIterator[dict[str, Any]]:
+            metrics.open_streams.inc()
+            renewer = None if slot is None else asyncio.create_task(renew_slot(*slot))
+            try:
+                async for event in sse.events(
+                    state.run_log,
+                    run_id,
+                    after,
+                    on_first_event=metrics.first_event_seconds.observe,
+                ):
+                    if "id" in event:
+                        metrics.events_sent.inc()
+                    yield event
+            finally:
+                metrics.open_streams.dec()
+                if renewer is not None:
+                    renewer.cancel()
+                if slot is not None:
+                    await _release(state, *slot)
+
+        return EventSourceResponse(
+            stream(),
+            ping=ping_seconds,
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+
+async def _release(state: WebState, key_name: str, slot: str) -> None:
+    # Shielded: a client that went away cancels the stream, and this runs in its cleanup.
+    with anyio.CancelScope(shield=True):
+        try:
+            await state.stream_slots.release(key_name, slot)
+        except TurnkeeperError as exc:  # the slot lapses on its own within a minute
+            log.warning("sse.slot.release_failed", key_name=key_name, error=str(exc))
+
+
+def _add_service_routes(api: APIRouter) -> None:
+    @api.get("/healthz", tags=["service"])
+    def healthz(request: Request) -> JSONResponse:
+        """200 when the database and Redis answer, else 503 saying which does not."""
+        state = _state(request)
+        checks: dict[str, str] = {}
+        try:
+            state.client.store.database_now()
+            checks["database"] = "ok"
+        except TurnkeeperError:
+            checks["database"] = "unavailable"
+        try:
+            state.client.log.client.ping()
+            checks["redis"] = "ok"
+        except Exception:  # noqa: BLE001 - any Redis failure is reported, not raised
+            checks["redis"] = "unavailable"
+        healthy = all(value == "ok" for value in checks.values())
+        return JSONResponse(
+            {"status": "ok" if healthy else "unavailable", **checks},
+            status_code=200 if healthy else 503,
+        )
+
+    @api.get("/key", tags=["service"])
+    def calling_key(principal: Caller) -> dict[str, Any]:
+        """The key the request came with: its name and scopes."""
+        return {
+            "name": principal.name,
+            "admin": principal.admin,
+            "allow_commands": principal.allow_commands,
+            "max_running": principal.max_running,
+        }
+
+    @api.get("/metrics", tags=["service"], response_class=Response)
+    def metrics(request: Request, principal: Caller) -> Response:
+        """Prometheus metrics of the whole fleet (an admin key's; see turnkeeper.web.metrics)."""
+        principal.require_admin("/metrics")
+        body = generate_latest(_state(request).metrics.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    @api.get("/openapi.json", tags=["service"], include_in_schema=False)
+    def openapi(request: Request, _: Caller) -> JSONResponse:
+        return JSONResponse(request.app.openapi())

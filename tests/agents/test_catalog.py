@@ -1,0 +1,129 @@
+"""The agent catalog: names over HTTP, inline specs only with leave, limits only tightened."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from turnkeeper.agents.catalog import Catalog, at_least_as_strong
+from turnkeeper.config import Settings
+from turnkeeper.errors import ConfigError, InvalidInputError, NotPermittedError, UnknownAgentError
+
+AGENTS = """
+[agents.reviewer]
+preset = "claude-code"
+args = ["--model", "sonnet"]
+env_from = ["ANTHROPIC_API_KEY"]
+env = { REVIEW_MODE = "strict" }
+provider = "bwrap"
+timeout = 900
+max_attempts = 3
+
+[agents.lint]
+command = ["ruff", "check", "."]
+format = "text"
+"""
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> Catalog:
+    path = tmp_path / "agents.toml"
+    path.write_text(AGENTS)
+    return Catalog.load(Settings(agents_file=path, run_timeout=3600, max_attempts=5))
+
+
+def test_names_resolve_to_specs_with_the_catalogs_limits(catalog: Catalog) -> None:
+    assert catalog.names == ["claude-code", "codex", "lint", "reviewer", "scripted"]
+    reviewer = catalog.admit("reviewer", allow_commands=False, env={"EXTRA": "1"})
+    assert reviewer.agent == {
+        "preset": "claude-code",
+        "args": ["--model", "sonnet"],
+        "env_from": ["ANTHROPIC_API_KEY"],
+    }
+    assert reviewer.env == {"REVIEW_MODE": "strict", "EXTRA": "1"}
+    assert (reviewer.provider, reviewer.timeout, reviewer.max_attempts) == ("bwrap", 900, 3)
+    lint = catalog.admit("lint", allow_commands=False)
+    assert lint.agent["command"] == ["ruff", "check", "."]
+    assert (lint.provider, lint.timeout, lint.max_attempts) == (None, 3600, 5)
+    tight = catalog.admit(
+        "reviewer", allow_commands=False, provider="bwrap", timeout=10.5, max_attempts=1
+    )
+    assert (tight.provider, tight.timeout, tight.max_attempts) == ("bwrap", 10.5, 1)
+    assert catalog.admit("scripted", allow_commands=False, provider="bwrap").provider == "bwrap"
+
+
+@pytest.mark.parametrize(
+    ("agent", "options", "error", "reason"),
+    [
+        ("nope", {}, UnknownAgentError, "unknown-agent"),
+        ({"command": ["sh"], "format": "text"}, {}, NotPermittedError, "inline-agent"),
+        ({"preset": "scripted", "turns": 1}, {}, NotPermittedError, "inline-agent"),
+        ("reviewer", {"provider": "local"}, NotPermittedError, "provider-downgrade"),
+        ("reviewer", {"provider": "ssh"}, NotPermittedError, "provider-downgrade"),
+        ("reviewer", {"timeout": 901}, InvalidInputError, "timeout-out-of-range"),
+        ("lint", {"timeout": 3601}, InvalidInputError, "timeout-out-of-range"),
+        ("lint", {"timeout": float("inf")}, InvalidInputError, "timeout-out-of-range"),
+        ("reviewer", {"max_attempts": 4}, InvalidInputError, "attempts-out-of-range"),
+        ("lint", {"max_attempts": 6}, InvalidInputError, "attempts-out-of-range"),
+        ("reviewer", {"env": {"REVIEW_MODE": "lax"}}, NotPermittedError, "env-fixed"),
+        ("reviewer", {"env": {"ANTHROPIC_API_KEY": "x"}}, NotPermittedError, "env-fixed"),
+    ],
+)
+def test_what_would_loosen_is_refused(
+    catalog: Catalog,
+    agent: object,
+    options: dict[str, object],
+    error: type[Exception],
+    reason: str,
+) -> None:
+    with pytest.raises(error) as caught:
+        catalog.admit(agent, allow_commands=False, **options)  # type: ignore[arg-type]
+    assert getattr(caught.value, "reason", None) == reason
+
+
+def test_inline_specs_with_leave_but_never_worker_variables(catalog: Catalog) -> None:
+    spec = {"command": ["sh", "-c", "echo $A"], "format": "text", "env": {"A": "1"}}
+    admitted = catalog.admit(spec, allow_commands=True, env={"A": "2"})
+    assert admitted.agent["env"] == {"A": "1"}  # the client merges (and seals) both
+    assert admitted.env == {"A": "2"}
+    with pytest.raises(NotPermittedError) as caught:
+        catalog.admit({**spec, "env_from": ["HOME"]}, allow_commands=True)
+    assert caught.value.reason == "env-from"
+
+
+def test_provider_strength() -> None:
+    assert at_least_as_strong("bwrap", "local")
+    assert at_least_as_strong("local", "local")
+    assert not at_least_as_strong("local", "bwrap")
+    assert not at_least_as_strong("ssh", "bwrap")
+    assert not at_least_as_strong("bwrap", "ssh")
+    assert not at_least_as_strong("local", "ssh")
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("[agents.x]\ncommand = []\nformat = 'text'", "must not be empty"),
+        ("[agents.x]\ncommand = ['a']\nformat = 'yaml'", "format"),
+        ("[agents.x]\npreset = 'scripted'\nprovider = 'docker'", "provider is one of"),
+        ("[agents.x]\npreset = 'scripted'\ntimeout = -1", "timeout is a positive"),
+        ("[agents.x]\npreset = 'scripted'\nmax_attempts = 0", "max_attempts is an integer"),
+        ("[agents.x]\npreset = 'scripted'\nenv_from = ['TURNKEEPER_SECRET']", "env_from cannot"),
+        ("[agents.x]\npreset = 'scripted'\nenv = { A = 1 }", "env maps names to strings"),
+        ("[agents.'a b']\npreset = 'scripted'", "a name is 1 to 64 ASCII letters"),
+        ("[agents.'é']\npreset = 'scripted'", "a name is 1 to 64 ASCII letters"),
+        ("[tools.x]\npreset = 'scripted'", "only [agents.NAME] tables"),
+        ("[agents.x\n", "not TOML"),
+    ],
+)
+def test_a_bad_agents_file_is_a_one_line_config_error(
+    tmp_path: Path, text: str, problem: str
+) -> None:
+    path = tmp_path / "agents.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        Catalog.load(Settings(agents_file=path))
+    assert caught.value.message.startswith(f"TURNKEEPER_AGENTS_FILE ({path}): ")
+    assert problem in caught.value.message
+    assert "\n" not in caught.value.message

@@ -1,0 +1,431 @@
+"""An attacker against a real `turnkeeper web` process, with real workers and beat.
+
+Every route is tried with no key, a wrong key, a revoked key and another tenant's
+key; then the catalog's and the settings' limits, the edge checks (Host, Origin,
+body size, numbers) and the quotas. Each refusal has its exact status code, and
+the store is the same after every refused request as before it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import psycopg
+import pytest
+
+from tests.driver.fleet import Fleet
+from tests.web.conftest import ApiKeys
+from turnkeeper.config import plain_postgres_url
+from turnkeeper.store.store import Store
+from turnkeeper.web.serve import free_port
+
+CATALOG = """
+[agents.strict]
+command = ["sh", "-c", "echo strict"]
+format = "text"
+provider = "bwrap"
+timeout = 60
+max_attempts = 2
+env = { MODE = "strict" }
+"""
+BURST = 4
+STREAM_CAP = 2
+SLOW: dict[str, Any] = {"preset": "scripted", "turns": 200, "pace": 0.2, "seed": 1}
+VICTIM = "victim run"
+VICTIM_SESSION = "victim session"
+
+
+@dataclass
+class Target:
+    """The web process under attack, its log, and the keys of its database."""
+
+    base_url: str
+    log: Path
+    keys: ApiKeys
+    revoked: str
+    carol: str  # --max-running 1
+    dave: str  # for the submit rate
+    database_url: str
+
+    def http(self, key: str | None = None, **headers: str) -> httpx.Client:
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key}"
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=60.0)
+
+
+@pytest.fixture
+def target(fleet: Fleet, api_keys: ApiKeys, tmp_path: Path, database_url: str) -> Iterator[Target]:
+    with Store(database_url, pool_size=1) as store:
+        revoked = store.create_key("mallory", allow_commands=True, admin=True)
+        store.revoke_key("mallory")
+        carol = store.create_key("carol", max_running=1, allow_commands=True)
+        dave = store.create_key("dave")
+    catalog = tmp_path / "agents.toml"
+    catalog.write_text(CATALOG)
+    port = free_port()
+    env = {
+        **fleet.env,
+        "TURNKEEPER_WEB_PORT": str(port),
+        "TURNKEEPER_AGENTS_FILE": str(catalog),
+        "TURNKEEPER_SUBMIT_BURST": str(BURST),
+        "TURNKEEPER_SUBMIT_RATE": "1",
+        "TURNKEEPER_MAX_STREAMS_PER_KEY": str(STREAM_CAP),
+        "TURNKEEPER_LOG_FORMAT": "console",
+    }
+    log = tmp_path / "web.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "turnkeeper", "web"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(base_url, proc, log)
+        yield Target(base_url, log, api_keys, revoked, carol, dave, database_url)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def _wait_healthy(base_url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60  # a hang guard
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"turnkeeper web exited:\n{log.read_text()}")
+        try:
+            if httpx.get(f"{base_url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"turnkeeper web never answered:\n{log.read_text()}")
+
+
+def snapshot(database_url: str) -> dict[str, list[str]]:
+    """What a request could change, without the bookkeeping that moves by itself
+    (leases, the reaper's sandbox references, a key's last use)."""
+    queries = {
+        "runs": "SELECT to_jsonb(r) - 'updated_at' - 'lease_expires_at' - 'sandbox_ref' "
+        "- 'dispatched_at' - 'started_at' - 'finished_at' - 'owner' - 'attempt_id' "
+        "FROM runs r ORDER BY seq",
+        "sessions": "SELECT to_jsonb(s) - 'updated_at' - 'leaf_id' - 'version' "
+        "FROM sessions s ORDER BY session_id",
+        "api_keys": "SELECT to_jsonb(k) - 'last_used_at' FROM api_keys k ORDER BY name",
+        "receipts": "SELECT to_jsonb(x) FROM run_receipts x ORDER BY run_id",
+    }
+    with psycopg.connect(plain_postgres_url(database_url)) as conn:
+        return {
+            name: [str(row[0]) for row in conn.execute(sql).fetchall()]  # type: ignore[arg-type]
+            for name, sql in queries.items()
+        }
+
+
+def refused(
+    target: Target, client: httpx.Client, method: str, url: str, status: int, **kwargs: Any
+) -> httpx.Response:
+    """The request gets ``status`` and leaves the store as it was."""
+    before = snapshot(target.database_url)
+    response = client.request(method, url, **kwargs)
+    assert response.status_code == status, (method, url, response.status_code, response.text)
+    assert snapshot(target.database_url) == before, (method, url)
+    return response
+
+
+def _victim(target: Target, fleet: Fleet) -> dict[str, Any]:
+    with target.http(target.keys.alice) as alice:
+        body = {"agent": "scripted", "prompt": "my secret plan", "run_id": VICTIM}
+        response = alice.post("/runs", json={**body, "session_id": VICTIM_SESSION})
+    assert response.status_code == 201, response.text
+    fleet.wait_settled(VICTIM)
+    view: dict[str, Any] = response.json()
+    return view
+
+
+V = quote(VICTIM, safe="")
+KEYED_ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
+    ("GET", "/runs", None),
+    ("POST", "/runs", {"agent": "scripted", "prompt": "x", "run_id": "attack"}),
+    ("GET", f"/runs/{V}", None),
+    ("POST", f"/runs/{V}/cancel", None),
+    ("GET", f"/runs/{V}/events", None),
+    ("GET", f"/sessions/{quote(VICTIM_SESSION, safe='')}/transcript", None),
+    ("GET", "/metrics", None),
+    ("GET", "/key", None),
+    ("GET", "/openapi.json", None),
+]
+
+
+def test_every_route_needs_a_live_key(target: Target, fleet: Fleet) -> None:
+    _victim(target, fleet)
+    credentials = {
+        "none": None,
+        "wrong": "Bearer tk_" + "A" * 43,
+        "not a key": "Bearer hunter2",
+        "revoked": f"Bearer {target.revoked}",
+        "another scheme": f"Basic {target.keys.alice}",
+    }
+    reasons = {}
+    for name, header in credentials.items():
+        headers = {} if header is None else {"Authorization": header}
+        with target.http(**headers) as client:
+            for method, url, body in KEYED_ROUTES:
+                response = refused(target, client, method, url, 401, json=body)
+                assert response.headers["www-authenticate"].startswith('Bearer realm="turnkeeper"')
+                reasons[name, url] = response.json()["reason"]
+    assert {r for (name, _), r in reasons.items() if name == "none"} == {"missing-key", "missing"}
+    assert {r for (name, _), r in reasons.items() if name in ("wrong", "not a key", "revoked")} == {
+        "invalid-key"
+    }
+    assert {r for (name, _), r in reasons.items() if name == "another scheme"} == {"malformed-key"}
+    # What needs no key: the health check and the dashboard's pages, which hold no data.
+    with target.http() as anonymous:
+        for url in ("/healthz", "/", "/login", "/static/common.js", f"/ui/runs/{V}"):
+            assert anonymous.get(url).status_code == 200, url
+
+
+def test_another_tenant_is_told_nothing_exists(target: Target, fleet: Fleet) -> None:
+    victim = _victim(target, fleet)
+    with target.http(target.keys.bob) as bob:
+        hidden = refused(target, bob, "GET", f"/runs/{V}", 404)
+        unknown = bob.get("/runs/no-such-run")
+        assert unknown.status_code == 404
+        assert hidden.json() == {"error": f"no run has the id {VICTIM!r}", "run_id": VICTIM}
+        assert unknown.json() == {
+            "error": "no run has the id 'no-such-run'",
+            "run_id": "no-such-run",
+        }
+        refused(target, bob, "POST", f"/runs/{V}/cancel", 404)
+        refused(target, bob, "GET", f"/runs/{V}/events", 404)
+        refused(target, bob, "GET", f"/runs/{V}/events?offset=0", 404)
+        session = quote(VICTIM_SESSION, safe="")
+        transcript = refused(target, bob, "GET", f"/sessions/{session}/transcript", 404)
+        assert transcript.json()["error"] == f"no session has the id {VICTIM_SESSION!r}"
+        assert bob.get("/runs").json()["runs"] == []
+        assert bob.get("/runs", params={"session_id": VICTIM_SESSION}).json()["runs"] == []
+        # Ids are global: another tenant learns that one is taken, and nothing else.
+        taken = refused(
+            target, bob, "POST", "/runs", 409,
+            json={"agent": "scripted", "prompt": "my secret plan", "run_id": VICTIM},
+        )  # fmt: skip
+        assert taken.json()["reason"] == "run-id-taken"
+        joined = refused(
+            target, bob, "POST", "/runs", 409,
+            json={"agent": "scripted", "prompt": "let me in", "session_id": VICTIM_SESSION},
+        )  # fmt: skip
+        assert joined.json()["reason"] == "session-taken"
+        assert "my secret plan" not in taken.text + joined.text
+        assert refused(target, bob, "GET", "/metrics", 403).json()["reason"] == "admin-only"
+    # Its owner and an admin key see it; the stream token opens it for anyone holding it.
+    with target.http(target.keys.alice) as alice:
+        assert [r["run_id"] for r in alice.get("/runs").json()["runs"]] == [VICTIM]
+    with target.http(target.keys.admin) as admin:
+        assert admin.get(f"/runs/{V}").json()["status"] == "completed"
+        assert admin.get("/metrics").status_code == 200
+    with target.http() as anonymous:
+        assert anonymous.get(victim["stream_url"]).status_code == 200
+        # Revoking a key cuts off the stream URLs it was given, at once.
+        with Store(target.database_url, pool_size=1) as store:
+            store.revoke_key("alice")
+        cut = refused(target, anonymous, "GET", victim["stream_url"], 401)
+        assert cut.json()["reason"] == "revoked-key"
+
+
+def test_the_catalog_and_the_settings_only_tighten(target: Target, fleet: Fleet) -> None:
+    inline = {"command": ["sh", "-c", "cat /etc/passwd"], "format": "text"}
+    with target.http(target.keys.bob) as bob:
+        no_leave = refused(target, bob, "POST", "/runs", 403, json={"agent": inline, "prompt": "p"})
+        assert no_leave.json()["reason"] == "inline-agent"
+        assert "claude-code, codex, scripted, strict" in no_leave.json()["error"]
+        assert "--allow-commands" in no_leave.json()["error"]
+        options = {"preset": "claude-code", "args": ["--settings", "/tmp/hooks.json"]}
+        refused(target, bob, "POST", "/runs", 403, json={"agent": options, "prompt": "p"})
+        cases: list[tuple[dict[str, Any], int, str]] = [
+            ({"agent": "strict", "provider": "local"}, 403, "provider-downgrade"),
+            ({"agent": "strict", "provider": "ssh"}, 403, "provider-downgrade"),
+            ({"agent": "strict", "timeout": 61}, 400, "timeout-out-of-range"),
+            ({"agent": "scripted", "timeout": 11_000_000_000.0}, 400, "timeout-out-of-range"),
+            ({"agent": "strict", "max_attempts": 3}, 400, "attempts-out-of-range"),
+            ({"agent": "scripted", "max_attempts": 100}, 400, "attempts-out-of-range"),
+            ({"agent": "strict", "env": {"MODE": "lax"}}, 403, "env-fixed"),
+            ({"agent": "nope"}, 400, "unknown-agent"),
+            ({"agent": "scripted", "max_attempts": 0}, 400, "invalid-request"),
+            ({"agent": "scripted", "timeout": -1}, 400, "invalid-request"),
+        ]
+        for extra, status, reason in cases:
+            response = refused(target, bob, "POST", "/runs", status, json={"prompt": "p", **extra})
+            assert response.json()["reason"] == reason, extra
+        # Tightening is accepted, and what is stored is what was asked.
+        ok = bob.post(
+            "/runs",
+            json={"agent": "strict", "prompt": "p", "run_id": "tight", "provider": "bwrap",
+                  "timeout": 30, "max_attempts": 1},
+        )  # fmt: skip
+        assert ok.status_code == 201, ok.text
+        assert bob.post(f"/runs/{quote('tight')}/cancel").status_code == 200
+    run = fleet.client.require("tight")
+    assert (run.max_attempts, run.key_name, run.payload["provider"]) == (1, "bob", "bwrap")
+    assert 29 <= (run.deadline - run.created_at).total_seconds() <= 30  # type: ignore[operator]
+    with target.http(target.keys.alice) as alice:
+        passes = {"command": ["true"], "format": "text", "env_from": ["TURNKEEPER_SECRET"]}
+        response = refused(
+            target, alice, "POST", "/runs", 403, json={"agent": passes, "prompt": "p"}
+        )
+        assert response.json()["reason"] == "env-from"
+
+
+def test_the_edge_refuses_cross_site_foreign_hosts_big_bodies_and_odd_numbers(
+    target: Target, fleet: Fleet
+) -> None:
+    victim = _victim(target, fleet)
+    form = {
+        "content": b"agent=scripted&prompt=x",
+        "headers": {
+            "content-type": "application/x-www-form-urlencoded",
+            "origin": "https://evil.example",
+        },
+    }
+    with target.http(target.keys.alice) as alice:
+        assert (
+            refused(target, alice, "POST", "/runs", 403, **form).json()["reason"] == "cross-origin"
+        )
+        refused(target, alice, "POST", f"/runs/{V}/cancel", 403, headers={"origin": "null"})
+        refused(
+            target, alice, "POST", "/runs", 403,
+            json={"agent": "scripted", "prompt": "x"}, headers={"sec-fetch-site": "cross-site"},
+        )  # fmt: skip
+        # The CORS-simple trick: JSON sent as text/plain is not read as JSON.
+        refused(
+            target, alice, "POST", "/runs", 400,
+            content=b'{"agent": "scripted", "prompt": "x"}', headers={"content-type": "text/plain"},
+        )  # fmt: skip
+        for url in ("/runs", "/healthz", f"/runs/{V}"):
+            refused(target, alice, "GET", url, 400, headers={"host": "evil.example"})
+        refused(
+            target, alice, "POST", "/runs", 400,
+            json={"agent": "scripted", "prompt": "x"}, headers={"host": "evil.example:80"},
+        )  # fmt: skip
+        big = {"agent": "scripted", "prompt": "x" * (1024 * 1024)}
+        too_large = refused(target, alice, "POST", "/runs", 413, json=big)
+        assert too_large.json()["reason"] == "body-too-large"
+
+        def chunks() -> Iterator[bytes]:
+            yield b'{"agent": "scripted", "prompt": "'
+            for _ in range(64):
+                yield b"x" * 32768
+            yield b'"}'
+
+        refused(
+            target, alice, "POST", "/runs", 413,
+            content=chunks(), headers={"content-type": "application/json"},
+        )  # fmt: skip
+        for limit in ("1000000000", "1001", "0", "²", "\u0661\u0660", "1_000", "+5", "-1"):
+            response = refused(target, alice, "GET", "/runs", 400, params={"limit": limit})
+            assert response.json()["reason"] == "invalid-limit", limit
+        assert alice.get("/runs", params={"limit": "1000"}).status_code == 200
+        for offset in ("²", "\u0661", "1.0", "0x1"):
+            response = alice.get(victim["stream_url"], params={"offset": offset})
+            assert response.status_code == 400, offset
+        refused(
+            target, alice, "GET", victim["stream_url"], 400, headers={"last-event-id": "³".encode()}
+        )
+        # A same-origin browser request passes the Origin check.
+        same = alice.post(f"/runs/{V}/cancel", headers={"origin": target.base_url})
+        assert same.status_code == 200
+    with target.http(target.keys.alice) as alice:
+        for response in (alice.get("/"), alice.get("/runs"), too_large):
+            assert response.headers["x-content-type-options"] == "nosniff"
+            assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
+            assert "default-src 'self'" in response.headers["content-security-policy"]
+            assert response.headers["referrer-policy"] == "no-referrer"
+
+
+def test_quotas_per_key(target: Target, fleet: Fleet) -> None:
+    with target.http(target.carol) as carol:
+        first = carol.post("/runs", json={"agent": SLOW, "prompt": "p", "run_id": "c1"})
+        assert first.status_code == 201
+        fleet.wait("c1", lambda run: run.status.value == "running")
+        full = refused(
+            target, carol, "POST", "/runs", 429, json={"agent": "scripted", "prompt": "p"}
+        )
+        assert (full.json()["reason"], full.headers["retry-after"]) == ("max-running", "10")
+        # An identical replay of the run it has is not a new run: it passes.
+        again = carol.post("/runs", json={"agent": SLOW, "prompt": "p", "run_id": "c1"})
+        assert again.status_code == 201
+        assert carol.post("/runs/c1/cancel").status_code == 200
+        fleet.wait_settled("c1")
+        assert carol.post("/runs", json={"agent": "scripted", "prompt": "p"}).status_code == 201
+    with target.http(target.dave) as dave:
+        for n in range(BURST):
+            response = dave.post(
+                "/runs", json={"agent": "scripted", "prompt": "p", "run_id": f"d{n}"}
+            )
+            assert response.status_code == 201, response.text
+        for n in range(BURST):
+            fleet.wait_settled(f"d{n}")  # the store holds still while the next one is refused
+        fast = refused(
+            target, dave, "POST", "/runs", 429, json={"agent": "scripted", "prompt": "p"}
+        )
+        assert fast.json()["reason"] == "submit-rate"
+        assert 1 <= int(fast.headers["retry-after"]) <= 60  # one a minute
+    # Open streams: at most STREAM_CAP per key, counted for the key that opens them
+    # (or, with a stream token, for the run's owner).
+    with target.http(target.keys.alice) as alice:
+        slow = alice.post("/runs", json={"agent": SLOW, "prompt": "p", "run_id": "slow"}).json()
+        url = slow["stream_url"]
+        with alice.stream("GET", url) as one, alice.stream("GET", url) as two:
+            assert (one.status_code, two.status_code) == (200, 200)
+            over = alice.get(url)
+            assert (over.status_code, over.json()["reason"]) == (429, "open-streams")
+            with target.http() as anonymous:
+                assert anonymous.get(url).status_code == 429  # charged to alice, the owner
+        _open_when_freed(alice, url)  # closing them freed their slots
+        assert alice.post("/runs/slow/cancel").status_code == 200
+    with target.http(target.keys.bob) as bob, bob.stream("GET", url) as other:
+        assert other.status_code == 404
+
+
+def test_the_access_log_has_no_query_strings(target: Target, fleet: Fleet) -> None:
+    victim = _victim(target, fleet)
+    token = victim["stream_url"].split("token=", 1)[1]
+    with target.http() as anonymous:
+        assert anonymous.get(victim["stream_url"]).status_code == 200
+        # Revoking a key cuts off the stream URLs it was given, at once.
+        with Store(target.database_url, pool_size=1) as store:
+            store.revoke_key("alice")
+        cut = refused(target, anonymous, "GET", victim["stream_url"], 401)
+        assert cut.json()["reason"] == "revoked-key"
+        assert anonymous.get("/runs?limit=5&secret=hunter2").status_code == 401
+    deadline = time.monotonic() + 30  # a hang guard: the log line is written after the response
+    while "/events?…" not in target.log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    log = target.log.read_text()
+    assert f"/runs/{V}/events?…" in log
+    assert "/runs?…" in log
+    assert token.split(".")[1] not in log
+    assert "hunter2" not in log
+    assert target.keys.alice not in log
+
+
+def _open_when_freed(client: httpx.Client, url: str) -> None:
+    """A stream opens once the server has noticed a closed one (a hang guard, no timing)."""
+    deadline = time.monotonic() + 30
+    while True:
+        with client.stream("GET", url) as response:
+            if response.status_code == 200:
+                return
+            assert response.status_code == 429
+        assert time.monotonic() < deadline, "a closed stream never freed its slot"
+        time.sleep(0.1)
