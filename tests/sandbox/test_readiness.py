@@ -60,9 +60,11 @@ def _worker(env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[
 
 
 def test_the_worker_refuses_to_start_with_one_line(settings: Settings, tmp_path: Path) -> None:
+    assert settings.secret is not None
     urls = {
         "TURNKEEPER_DATABASE_URL": settings.require_database_url(),
         "TURNKEEPER_REDIS_URL": settings.require_redis_url(),
+        "TURNKEEPER_SECRET": settings.secret.get_secret_value(),
     }
     done = _worker({**urls, "TURNKEEPER_SANDBOX_RO_BINDS": "/nonexistent-tk-path"}, tmp_path)
     assert done.returncode == 1
