@@ -151,10 +151,17 @@ def test_only_the_agent_itself_holds_an_argument_prompt(sandbox: Sandbox) -> Non
             if (workspace / "ready").exists():
                 break
             time.sleep(0.02)
-        holders = [
-            p.info["cmdline"]
-            for p in psutil.process_iter(["cmdline"])
+        found = {
+            p.info["pid"]: (p.info["ppid"], p.info["cmdline"])
+            for p in psutil.process_iter(["pid", "ppid", "cmdline"])
             if any(marker in part for part in p.info["cmdline"] or [])
+        }
+        # The shell's fork for ``sleep`` shares its command line until it execs: the
+        # agent itself, not another holder.
+        holders = [
+            cmdline
+            for ppid, cmdline in found.values()
+            if ppid not in found or found[ppid][1] != cmdline
         ]
         (workspace / "go").touch()
         reader = JournalReader(sandbox, handle.paths, nonce=handle.nonce)
