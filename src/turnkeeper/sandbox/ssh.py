@@ -46,7 +46,7 @@ class SshTarget:
     host: str
     root: str
     port: int = 22
-    user: str = "root"
+    user: str = "turnkeeper"
     identity_file: Path | None = None
     known_hosts_file: Path | None = None
     strict_host_key_checking: bool = True
