@@ -82,8 +82,10 @@ def _reference_capped(data: bytes, start: int, cap: int) -> list[tuple[bytes, in
                 out.append((line[offset : offset + cap], start + end, "final" if final else "part"))
         line_start = newline + 1
     tail = data[line_start:]
-    for offset in range(0, len(tail) - cap, cap):
-        out.append((tail[offset : offset + cap], start + line_start + offset + cap, "part"))
+    out.extend(
+        (tail[offset : offset + cap], start + line_start + offset + cap, "part")
+        for offset in range(0, len(tail) - cap, cap)
+    )
     return out
 
 

@@ -100,8 +100,7 @@ def with_newlines(lines: Iterable[Line]) -> list[bytes]:
     """Lines as the journal (and so the segments and the text translator) holds them:
     a piece of a cut line gets the newline only when it is the line's last."""
     return [
-        line.journal_bytes() if isinstance(line, LinePiece) else line + b"\n"
-        for line, _ in lines
+        line.journal_bytes() if isinstance(line, LinePiece) else line + b"\n" for line, _ in lines
     ]
 
 
