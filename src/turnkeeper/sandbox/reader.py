@@ -67,7 +67,7 @@ DEFAULT_POLL_INTERVAL = 0.25
 DEFAULT_FIRST_BYTE_TIMEOUT = 10.0
 DEFAULT_LIVENESS_INTERVAL = 1.0
 _TICK = 0.25
-_READ_SIZE = 1 << 20
+FOLLOW_READ_BYTES = 1 << 20
 _SPLIT_BYTES = 1 << 16
 _MAX_FOLLOW_RESTARTS = 3
 _SENTINEL_SLACK = 256  # the writer's newline and sentinel may follow a full journal
@@ -385,7 +385,7 @@ class JournalReader:
                     if fd not in ready:
                         yield b""
                         continue
-                    data = os.read(fd, _READ_SIZE)
+                    data = os.read(fd, FOLLOW_READ_BYTES)
                     if not data:
                         break
                     restarts = 0
