@@ -4,7 +4,8 @@ The agent is a real process printing a 5 MiB line; the cap is 1 MiB. The whole l
 compared element by element with the chunks the cut rule defines (docs/architecture.md,
 "Long lines"), live, and after the worker is SIGKILLed while the agent is in the middle
 of the line: the successor replays the journal from byte 0, cuts it at the same byte
-offsets, and the aligner finds exactly what clients already saw.
+offsets (the cap recorded with the journal, whatever the successor's own setting), and
+the aligner finds exactly what clients already saw.
 """
 
 from __future__ import annotations
@@ -117,8 +118,8 @@ def test_a_long_line_streams_in_pieces(fleet: Fleet) -> None:
 
 
 def test_a_takeover_mid_line_replays_the_same_pieces(fleet: Fleet) -> None:
+    """The successor's own setting is another cap: the journal's recorded one wins."""
     fleet.env["TURNKEEPER_MAX_LINE_BYTES"] = str(CAP)
-    fleet.start_worker()
     fleet.start_worker()
     fleet.start_beat()
     run = fleet.client.submit(_agent(wait=True), "p")
@@ -132,6 +133,8 @@ def test_a_takeover_mid_line_replays_the_same_pieces(fleet: Fleet) -> None:
         *["TEXT_MESSAGE_CONTENT"] * 4,
     ]
     fleet.signal_worker_of(owned, signal.SIGKILL)
+    fleet.env["TURNKEEPER_MAX_LINE_BYTES"] = str(CAP // 16)
+    fleet.start_worker()
     placement = Placement.of(owned)
     assert placement.sandbox is not None
     Path(placement.sandbox.workspace, "release").touch()
