@@ -132,9 +132,11 @@ def test_a_takeover_mid_line_replays_the_same_pieces(fleet: Fleet) -> None:
         "TEXT_MESSAGE_START",
         *["TEXT_MESSAGE_CONTENT"] * 4,
     ]
-    fleet.signal_worker_of(owned, signal.SIGKILL)
+    # The successor, started once the run is owned, so that it only takes it over.
     fleet.env["TURNKEEPER_MAX_LINE_BYTES"] = str(CAP // 16)
     fleet.start_worker()
+    fleet.wait_ready()
+    fleet.signal_worker_of(owned, signal.SIGKILL)
     placement = Placement.of(owned)
     assert placement.sandbox is not None
     Path(placement.sandbox.workspace, "release").touch()
