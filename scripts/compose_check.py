@@ -558,9 +558,10 @@ class Check:
         for attempt in range(3):
             url = self.status(run_id)["stream_url"]
             headers = {"Last-Event-ID": str(seqs[-1])} if seqs else {}
-            with self.stack.http() as http, http.stream(
-                "GET", url, headers=headers, timeout=60
-            ) as response:
+            with (
+                self.stack.http() as http,
+                http.stream("GET", url, headers=headers, timeout=60) as response,
+            ):
                 if response.status_code == 503 and attempt < 2:
                     response.read()
                     self.resumed.append(response.text[:200])
@@ -621,9 +622,10 @@ class Check:
         networks = podman("network", "ls", "--filter", label, "--format", "{{.Name}}").split()
         if networks:
             podman("network", "rm", *networks)
-        left = self.stack.running_any() + podman(
-            "volume", "ls", "--filter", label, "--format", "{{.Name}}"
-        ).split()
+        left = (
+            self.stack.running_any()
+            + podman("volume", "ls", "--filter", label, "--format", "{{.Name}}").split()
+        )
         if left:
             raise CheckError(f"left behind: {left}")
         return f"containers, volumes and networks ({', '.join(networks)}) removed"

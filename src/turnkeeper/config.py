@@ -219,6 +219,12 @@ class Settings(BaseSettings):
         default=None, description="Where local sandboxes live; defaults to DATA_DIR/sandboxes."
     )
     journal_max_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
+    max_line_bytes: int = Field(
+        default=1024 * 1024,
+        ge=4096,
+        description="Longest agent output line handed on whole, bytes or 1M, 64K...; "
+        "a longer line is cut into pieces of this size as it streams.",
+    )
     journal_stall_timeout: float = Field(default=10.0, gt=0)
     journal_poll_interval: float = Field(default=0.25, gt=0)
     orphan_ttl: float = Field(default=3600.0, gt=0, description="Age of an unowned journal.")
@@ -226,7 +232,11 @@ class Settings(BaseSettings):
     # The ssh provider's host (sandboxes live under ssh_root there).
     ssh_host: str | None = None
     ssh_port: int = Field(default=22, ge=1, le=65535)
-    ssh_user: str = "root"
+    ssh_user: str = Field(
+        default="turnkeeper",
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]*$",
+        description="The remote user, never root by default; it must own ssh_root.",
+    )
     ssh_root: str = Field(default="/var/lib/turnkeeper/sandboxes", pattern=r"^/")
     ssh_identity_file: Path | None = None
     ssh_known_hosts_file: Path | None = None
@@ -278,7 +288,7 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["auto", "json", "console"] = "auto"
 
-    @field_validator("sandbox_memory", mode="before")
+    @field_validator("sandbox_memory", "max_line_bytes", mode="before")
     @classmethod
     def _size(cls, value: object) -> object:
         return parse_size(value) if isinstance(value, str) else value

@@ -1,4 +1,4 @@
-"""What local and bwrap promise about resources: limits, an agent killed alone, cleanup.
+"""What local, bwrap and ssh promise about resources: limits, an agent killed alone, cleanup.
 
 Each sandbox runs in a cgroup of its own (this machine: v1 memory, pids and cpu); an
 agent past its memory limit is OOM-killed alone, its writer still appends the sentinel,
@@ -23,6 +23,7 @@ from turnkeeper.sandbox import JournalReader, Sandbox, SandboxRef, SandboxSpec, 
 from turnkeeper.sandbox.bwrap import BwrapProvider
 from turnkeeper.sandbox.cgroup import CPU_PERIOD_US, CgroupTree, Limits
 from turnkeeper.sandbox.local import LocalProvider, SandboxState
+from turnkeeper.sandbox.ssh import SshProvider, SshTarget
 from turnkeeper.sandbox.uids import UidPool
 
 MIB = 1024 * 1024
@@ -188,3 +189,21 @@ def test_uids_are_one_per_sandbox_and_never_the_group(tmp_path: Path) -> None:
     assert pool.release_stale() == 1
     pool.release(uids[owners[1]], owners[1])
     assert sorted(int(p.name) for p in pool.registry.iterdir()) == [uids[owners[2]]]
+
+
+def test_ssh_agents_run_under_the_limits_as_rlimits(ssh_target: SshTarget) -> None:
+    provider = SshProvider(ssh_target, limits=LIMITS)
+    ref = provider.create("limits", SandboxSpec())
+    sandbox = provider.resume(ref)
+    assert sandbox is not None
+    try:
+        assert sandbox.capabilities.resource_limits
+        lines, code = _run(sandbox, "grep -E '^Max (data size|processes) ' /proc/self/limits")
+        assert code == 0
+        assert [line.split()[:5] for line in lines] == [
+            [b"Max", b"data", b"size", str(96 * MIB).encode(), str(96 * MIB).encode()],
+            [b"Max", b"processes", b"48", b"48", b"processes"],
+        ]
+    finally:
+        provider.destroy(ref)
+        provider.close()

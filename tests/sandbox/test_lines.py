@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from turnkeeper.sandbox.lines import LineSplitter, split_lines
+from turnkeeper.sandbox.lines import LinePiece, LineSplitter, split_lines
 
 
 def _reference(data: bytes, start: int) -> list[tuple[bytes, int]]:
@@ -63,3 +63,92 @@ def test_feed_consumes_its_chunk_even_if_not_iterated() -> None:
     lines = splitter.feed(b"a\nb\nc")
     assert (splitter.position, splitter.pending) == (4, 1)
     assert list(lines) == [(b"a", 2), (b"b", 4)]
+
+
+def _reference_capped(data: bytes, start: int, cap: int) -> list[tuple[bytes, int, str]]:
+    """The cut rule by its definition: a line of at most ``cap`` bytes whole, a longer
+    one as its bytes ``[0, cap)``, ``[cap, 2 cap)``...; of the unfinished last line, the
+    full pieces after which a byte has arrived. Each item says what it is."""
+    out: list[tuple[bytes, int, str]] = []
+    line_start = 0
+    while (newline := data.find(b"\n", line_start)) >= 0:
+        line = data[line_start:newline]
+        if len(line) <= cap:
+            out.append((line, start + newline + 1, "line"))
+        else:
+            for offset in range(0, len(line), cap):
+                final = offset + cap >= len(line)
+                end = newline + 1 if final else line_start + offset + cap
+                out.append((line[offset : offset + cap], start + end, "final" if final else "part"))
+        line_start = newline + 1
+    tail = data[line_start:]
+    out.extend(
+        (tail[offset : offset + cap], start + line_start + offset + cap, "part")
+        for offset in range(0, len(tail) - cap, cap)
+    )
+    return out
+
+
+def _kind(line: bytes) -> str:
+    if isinstance(line, LinePiece):
+        return "final" if line.final else "part"
+    return "line"
+
+
+@given(
+    pieces=st.lists(st.sampled_from([b"\n", b"a", b"bb", b"\xe2\x82\xac", b"x" * 9])),
+    cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=10),
+    start=st.integers(min_value=0, max_value=10**12),
+    cap=st.integers(min_value=1, max_value=12),
+)
+def test_a_capped_splitter_cuts_by_byte_position_whatever_the_chunking(
+    pieces: list[bytes], cuts: list[int], start: int, cap: int
+) -> None:
+    data = b"".join(pieces)
+    bounds = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
+    splitter = LineSplitter(start, max_line_bytes=cap)
+    out: list[tuple[bytes, int]] = []
+    widest = 0
+    for lo, hi in itertools.pairwise(bounds):
+        out.extend(splitter.split(data[lo:hi]))
+        widest = max(widest, hi - lo)
+        assert splitter.pending <= cap  # never more than one piece of an unfinished line
+    assert [(bytes(line), end, _kind(line)) for line, end in out] == _reference_capped(
+        data, start, cap
+    )
+    assert splitter.peak_pending <= cap + widest
+    assert splitter.fed_until == start + len(data)
+    # Consecutive: each item starts where the one before it ended, newline included.
+    position = start
+    for line, end in out:
+        newline = 0 if isinstance(line, LinePiece) and not line.final else 1
+        assert end == position + len(line) + newline
+        position = end
+
+
+def test_a_line_of_exactly_the_cap_is_whole_and_one_byte_more_is_cut() -> None:
+    splitter = LineSplitter(0, max_line_bytes=4)
+    assert splitter.split(b"abcd") == []  # the next byte decides
+    assert splitter.split(b"\nabcde") == [(b"abcd", 5), (b"abcd", 9)]
+    assert splitter.pending == 1
+    tail = splitter.split(b"\n")
+    assert tail == [(b"e", 11)]
+    assert isinstance(tail[0][0], LinePiece)
+    assert tail[0][0].final
+    assert tail[0][0].journal_bytes() == b"e\n"
+
+
+def test_a_200_mb_line_streams_through_holding_one_piece() -> None:
+    cap, block = 1 << 20, 1 << 16
+    splitter = LineSplitter(0, max_line_bytes=cap)
+    data = b"y" * block
+    ends = []
+    for _ in range((200 << 20) // block):
+        for piece, end in splitter.split(data):
+            assert len(piece) == cap
+            ends.append(end)
+        assert splitter.pending <= cap
+    (last,) = splitter.split(b"\n")
+    assert ends == [cap * k for k in range(1, 200)]
+    assert (len(last[0]), last[1]) == (cap, (200 << 20) + 1)
+    assert splitter.peak_pending <= cap + block

@@ -182,3 +182,20 @@ def test_segments_are_insert_once_contiguous_and_fenced(store: Store) -> None:
     for bad in [(claim, "k", -1, b"x"), (claim, "k", 11, b""), (claim, "k", 11, "str")]:
         with pytest.raises(InvalidInputError):
             store.append_segment(*bad)  # type: ignore[arg-type]
+
+
+def test_a_page_of_segments_can_be_bounded_in_bytes(store: Store) -> None:
+    claim = claimed(store, "r1")
+    start = 0
+    for body in (b"aaaa", b"bb", b"cccccc", b"d", b"eeeeeeeeee"):
+        assert store.append_segment(claim, "k", start, body) is Verdict.DONE
+        start += len(body)
+    # The segments that start less than max_bytes after the page's start.
+    assert [s.body for s in store.segments("k", max_bytes=6)] == [b"aaaa", b"bb"]
+    assert [s.body for s in store.segments("k", max_bytes=7)] == [b"aaaa", b"bb", b"cccccc"]
+    assert [s.body for s in store.segments("k", max_bytes=7, limit=1)] == [b"aaaa"]
+    # The first segment always, however big; a trimmed one counts whole.
+    assert [s.body for s in store.segments("k", 13, max_bytes=1)] == [b"eeeeeeeeee"]
+    assert [s.body for s in store.segments("k", 7, max_bytes=6)] == [b"ccccc"]
+    assert [s.body for s in store.segments("k", 7, max_bytes=7)] == [b"ccccc", b"d"]
+    assert store.segments("k", 23, max_bytes=5) == []

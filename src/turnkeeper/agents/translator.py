@@ -30,7 +30,15 @@ The rule for lines a translator cannot use (it never raises):
   ``"base64"`` of the raw bytes when they are not UTF-8;
 - valid JSON whose shape the format does not know (not an object, an unknown
   ``type``, a known ``type`` with fields of the wrong kind) gives a RAW chunk
-  ``{"type": "RAW", "event": <the JSON value>, "source": <format>}``.
+  ``{"type": "RAW", "event": <the JSON value>, "source": <format>}``;
+- a line longer than the line cap (``TURNKEEPER_MAX_LINE_BYTES``) reaches
+  :meth:`Translator.feed_piece` in pieces instead, and can never be parsed: in a
+  JSON-lines format each piece gives a CUSTOM ``turnkeeper.unparsed`` chunk with
+  ``value = {"reason": "line-too-long", "piece": <index in the line, from 0>,
+  "final": <whether the line ends with it>, "text": <the piece's text>}`` (plus
+  ``"base64"`` of its bytes when they are not UTF-8). Pieces are cut at byte
+  offsets; a character cut in two is carried to the next piece
+  (:class:`PieceText`), so the texts of a UTF-8 line concatenate to the line.
 """
 
 from __future__ import annotations
@@ -70,6 +78,10 @@ class Translator(Protocol):
     def feed(self, line: bytes) -> list[Chunk]:
         """Chunks for one complete journal line."""
 
+    def feed_piece(self, piece: bytes, *, final: bool) -> list[Chunk]:
+        """Chunks for one piece of a line over the cap, in order; ``final`` for the
+        line's last piece (given with its newline, as the journal holds it)."""
+
     def finish(self) -> list[Chunk]:
         """Chunks that close whatever the agent left open (call once, at the end)."""
 
@@ -89,6 +101,7 @@ class BaseTranslator:
         self._tools = 0
         self._failure: str | None = None
         self._session_id: str | None = None
+        self._piece_text = PieceText()
 
     @property
     def failure(self) -> str | None:
@@ -131,6 +144,19 @@ class BaseTranslator:
         """Chunks for one JSON object line; raise to have it kept as RAW."""
         raise NotImplementedError
 
+    def feed_piece(self, piece: bytes, *, final: bool) -> list[Chunk]:
+        """A JSON line over the cap cannot be parsed: each piece is kept as unparsed."""
+        index, body, text = self._piece_text.take(
+            strip_line_ending(piece) if final else piece, final=final
+        )
+        value: dict[str, Any] = {"reason": "line-too-long", "piece": index, "final": final}
+        if text is None:
+            value["text"] = body.decode("utf-8", errors="replace")
+            value["base64"] = base64.b64encode(body).decode("ascii")
+        else:
+            value["text"] = text
+        return [custom_chunk(UNPARSED, value)]
+
     def finish(self) -> list[Chunk]:
         return []
 
@@ -138,6 +164,44 @@ class BaseTranslator:
         if self._failure is None:
             self._failure = message
         return custom_chunk(AGENT_ERROR, {"agent": self.format, "message": message, "fatal": True})
+
+
+class PieceText:
+    """The text of a cut line's pieces, never splitting a UTF-8 character.
+
+    A piece that ends inside a character hands its last (at most 3) bytes on to the
+    next piece of the line; what is handed on is a function of the bytes only, so a
+    replay decodes exactly as the live read did.
+    """
+
+    def __init__(self) -> None:
+        self._carry = b""
+        self._index = 0
+
+    def take(self, piece: bytes, *, final: bool) -> tuple[int, bytes, str | None]:
+        """The piece's index in its line, its bytes (carry included) and their text,
+        or None for the text when they are not UTF-8."""
+        data = self._carry + piece if self._carry else bytes(piece)
+        keep = len(data) if final else utf8_boundary(data)
+        body, self._carry = data[:keep], data[keep:]
+        index = self._index
+        self._index = 0 if final else index + 1
+        try:
+            return index, body, body.decode("utf-8")
+        except UnicodeDecodeError:
+            return index, body, None
+
+
+def utf8_boundary(data: bytes) -> int:
+    """The length of ``data`` without a UTF-8 character its end cuts short (if any)."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # not a continuation byte: a lead byte or ASCII
+            need = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4
+            if byte & 0xC0 == 0xC0 and byte >> 3 != 0b11111 and back < need:
+                return len(data) - back
+            return len(data)
+    return len(data)
 
 
 # --- small pure helpers -----------------------------------------------------------

@@ -197,6 +197,7 @@ class Attempt:
             claim,
             Placement.of(run),
             spec=SandboxSpec(journal_max_bytes=self.settings.journal_max_bytes),
+            max_line_bytes=self.settings.max_line_bytes,
         )
         self._log = log.bind(run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
 
@@ -276,7 +277,9 @@ class Attempt:
         journals = self.place.journals
         self._replay_stored(len(journals) - 1)
         last = journals[-1]
-        stored = StoredJournal(self.store, last.journal_key, self.place.nonce(last))
+        stored = StoredJournal(
+            self.store, last.journal_key, self.place.nonce(last), max_line_bytes=last.max_line_bytes
+        )
         self._emit_replayed(stored)
         if stored.exit_code is None or stored.end is None:
             raise RecoveryError("the stored journal lost its sentinel", reason="no-sentinel")
@@ -380,6 +383,7 @@ class Attempt:
             poll_interval=self.settings.journal_poll_interval,
             first_byte_timeout=self.settings.journal_stall_timeout,
             max_bytes=self.settings.journal_max_bytes,
+            max_line_bytes=journal.max_line_bytes,
         )
         feed = JournalFeed(reader).start()
         try:
@@ -477,7 +481,12 @@ class Attempt:
         stored bytes, each given-up one followed by its interruption marks."""
         for index, journal in enumerate(self.place.journals[:count]):
             self._emit_replayed(
-                StoredJournal(self.store, journal.journal_key, self.place.nonce(journal))
+                StoredJournal(
+                    self.store,
+                    journal.journal_key,
+                    self.place.nonce(journal),
+                    max_line_bytes=journal.max_line_bytes,
+                )
             )
             if journal.lost is not None:
                 self._interrupt(index)

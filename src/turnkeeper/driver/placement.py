@@ -8,6 +8,11 @@ an agent process was given up (``lost``, and why). That decision is recorded
 before the process's interruption marks are appended, so every replay re-issues
 exactly the marks clients saw, and nothing after them.
 
+Each journal also records the line cap (``max_line_bytes``) its lines are read
+with, so that a successor cuts an over-long line exactly where the live read did,
+whatever ``TURNKEEPER_MAX_LINE_BYTES`` its own worker has; a journal recorded
+without one is read with no cap, as it was when it ran.
+
 Every sentinel nonce the driver needs is looked up here (``nonce_of``,
 ``sentinel_of``): a random one per agent process, drawn when its journal is planned
 and kept in the record next to the journal's handle, so a successor reads it there.
@@ -43,10 +48,12 @@ log = structlog.get_logger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class PlacedJournal:
-    """One agent process of the run: its journal, and why it was given up, if it was."""
+    """One agent process of the run: its journal, why it was given up, if it was, and
+    the line cap its lines are read with."""
 
     handle: JournalHandle
     lost: str | None = None
+    max_line_bytes: int | None = None
 
     @property
     def journal_key(self) -> str:
@@ -56,12 +63,19 @@ class PlacedJournal:
         data = self.handle.to_dict()
         if self.lost is not None:
             data["lost"] = self.lost
+        if self.max_line_bytes is not None:
+            data["max_line_bytes"] = self.max_line_bytes
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PlacedJournal:
         lost = data.get("lost")
-        return cls(JournalHandle.from_dict(data), str(lost) if lost is not None else None)
+        cap = data.get("max_line_bytes")
+        return cls(
+            JournalHandle.from_dict(data),
+            str(lost) if lost is not None else None,
+            int(cap) if cap is not None else None,
+        )
 
 
 @dataclass
@@ -119,6 +133,7 @@ class Placer:
         placement: Placement,
         *,
         spec: SandboxSpec,
+        max_line_bytes: int | None = None,
     ) -> None:
         self.provider = provider
         self.store = store
@@ -126,6 +141,7 @@ class Placer:
         self.claim = claim
         self.placement = placement
         self.spec = spec
+        self.max_line_bytes = max_line_bytes
 
     @property
     def journals(self) -> list[PlacedJournal]:
@@ -168,7 +184,7 @@ class Placer:
         ``continue_in``, the journal of the process that continues the run: one write,
         so a successor finds either both decisions or neither."""
         last = self.placement.journals[-1]
-        self.placement.journals[-1] = PlacedJournal(last.handle, reason)
+        self.placement.journals[-1] = PlacedJournal(last.handle, reason, last.max_line_bytes)
         journal = None if continue_in is None else self._next_journal(continue_in)
         if journal is not None:
             self.placement.journals.append(journal)
@@ -221,7 +237,9 @@ class Placer:
         process = 1 + sum(1 for j in self.placement.journals if j.handle.ref.id == sandbox.ref.id)
         paths = JournalPaths(sandbox.ref.journal_dir, self.claim.run_id, process)
         # The nonce is drawn here, recorded before the process starts.
-        return PlacedJournal(JournalHandle(sandbox.ref, paths, new_nonce()))
+        return PlacedJournal(
+            JournalHandle(sandbox.ref, paths, new_nonce()), max_line_bytes=self.max_line_bytes
+        )
 
     def _record(self) -> None:
         self.ownership.check()

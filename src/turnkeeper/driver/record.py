@@ -6,6 +6,12 @@ has its result the turn is appended to the session transcript and committed,
 and the next turn begins in place. Entry ids are deterministic, so a successor
 replaying the same chunks re-issues the same appends (no-ops in the store) and
 skips the slot writes its predecessor already made.
+
+A turn's text is kept in parts and up to ``TRANSCRIPT_TEXT_LIMIT`` characters per
+message (and per tool call's arguments): past that the entry says ``truncated``,
+and the whole text stays in the run log and the segments. The transcript is a
+session's history, not its output, and this keeps a worker's memory flat while an
+agent prints hundreds of megabytes into one message.
 """
 
 from __future__ import annotations
@@ -28,45 +34,74 @@ _RANK = {
     TurnPhase.COMMITTED: 3,
 }
 Position = tuple[int, int]
+TRANSCRIPT_TEXT_LIMIT = 1 << 20
+
+
+@dataclass
+class _Text:
+    """Text kept in parts, up to ``TRANSCRIPT_TEXT_LIMIT`` characters."""
+
+    parts: list[str] = field(default_factory=list)
+    length: int = 0
+    truncated: bool = False
+
+    def add(self, delta: str) -> None:
+        room = TRANSCRIPT_TEXT_LIMIT - self.length
+        if len(delta) > room:
+            delta, self.truncated = delta[:room], True
+        if delta:
+            self.parts.append(delta)
+            self.length += len(delta)
+
+    def value(self) -> str:
+        return "".join(self.parts)
 
 
 @dataclass
 class TurnContent:
     """What one turn said: assistant messages, tool calls and their results."""
 
-    messages: dict[str, str] = field(default_factory=dict)
-    calls: dict[str, dict[str, str]] = field(default_factory=dict)
+    messages: dict[str, _Text] = field(default_factory=dict)
+    calls: dict[str, tuple[str, _Text]] = field(default_factory=dict)
     results: list[dict[str, Any]] = field(default_factory=list)
 
     def observe(self, chunk: Chunk) -> None:
         kind = chunk.get("type")
         if kind == "TEXT_MESSAGE_START":
-            self.messages.setdefault(chunk["messageId"], "")
+            self.messages.setdefault(chunk["messageId"], _Text())
         elif kind == "TEXT_MESSAGE_CONTENT":
-            key = chunk["messageId"]
-            self.messages[key] = self.messages.get(key, "") + chunk["delta"]
+            self.messages.setdefault(chunk["messageId"], _Text()).add(chunk["delta"])
         elif kind == "TOOL_CALL_START":
-            self.calls[chunk["toolCallId"]] = {"name": chunk["toolCallName"], "args": ""}
+            self.calls[chunk["toolCallId"]] = (chunk["toolCallName"], _Text())
         elif kind == "TOOL_CALL_ARGS" and chunk["toolCallId"] in self.calls:
-            self.calls[chunk["toolCallId"]]["args"] += chunk["delta"]
+            self.calls[chunk["toolCallId"]][1].add(chunk["delta"])
         elif kind == "TOOL_CALL_RESULT":
             self.results.append({"toolCallId": chunk["toolCallId"], "content": chunk["content"]})
 
-    def tool_request(self) -> list[dict[str, str]]:
-        return [{"id": call_id, **call} for call_id, call in self.calls.items()]
+    def tool_request(self) -> list[dict[str, Any]]:
+        return [
+            {"id": call_id, "name": name, "args": args.value(), **_flag(args)}
+            for call_id, (name, args) in self.calls.items()
+        ]
 
     def entries(self, run_id: str, turn_index: int) -> list[NewEntry]:
         prefix = f"{run_id}/turn-{turn_index}"
         entries = []
         if self.messages or self.calls:
             body = {
-                "messages": [{"id": k, "text": v} for k, v in self.messages.items()],
+                "messages": [
+                    {"id": k, "text": v.value(), **_flag(v)} for k, v in self.messages.items()
+                ],
                 "toolCalls": self.tool_request(),
             }
             entries.append(NewEntry(f"{prefix}/assistant", "assistant", body))
         if self.results:
             entries.append(NewEntry(f"{prefix}/tools", "tool", {"results": self.results}))
         return entries
+
+
+def _flag(text: _Text) -> dict[str, bool]:
+    return {"truncated": True} if text.truncated else {}
 
 
 class TurnRecorder:

@@ -7,6 +7,11 @@ interruption marks when it was given up; the closing chunks once its journal
 ended at the exit sentinel; the final chunk once the run is settled. ``Replay``
 mints those chunks, and ``StoredJournal`` reads a journal's lines back from its
 segments up to the sentinel, which is never handed out as a line.
+
+A line longer than the journal's line cap (``max_line_bytes``, recorded with the
+journal in the placement record) reaches the translator in pieces (``LinePiece``),
+cut at the same byte offsets live and in a replay; the translator's
+``feed_piece`` decides what each becomes.
 """
 
 from __future__ import annotations
@@ -19,13 +24,13 @@ from turnkeeper.chunks import Chunk
 from turnkeeper.driver import lifecycle
 from turnkeeper.errors import InvalidSentinelError
 from turnkeeper.sandbox.journal import SENTINEL_PREFIX, parse_sentinel
-from turnkeeper.sandbox.lines import LineSplitter
+from turnkeeper.sandbox.lines import Line, LinePiece, LineSplitter
 from turnkeeper.store.store import Store
 
-Line = tuple[bytes, int]
-"""A journal line without its newline, and the byte offset just past that newline."""
+__all__ = ["Line", "Replay", "StoredJournal", "batches", "stored_exit", "with_newlines"]
 
 _SEGMENT_PAGE = 256
+_SEGMENT_PAGE_BYTES = 8 << 20
 
 
 class Replay:
@@ -41,11 +46,15 @@ class Replay:
         return self._observed([lifecycle.run_started(self.run_id, self.session_id)])
 
     def lines(self, lines: Iterable[bytes]) -> list[Chunk]:
-        """Chunks of complete journal lines, each given with its newline, as the
-        journal holds it."""
+        """Chunks of journal lines, each given as the journal holds it (with its
+        newline; a ``LinePiece`` with the newline only when it ends its line)."""
         chunks: list[Chunk] = []
+        translator = self.translator
         for line in lines:
-            chunks.extend(self.translator.feed(line))
+            if isinstance(line, LinePiece):
+                chunks.extend(translator.feed_piece(line, final=line.final))
+            else:
+                chunks.extend(translator.feed(line))
         return self._observed(chunks)
 
     def interrupted(self, journal_index: int) -> list[Chunk]:
@@ -88,8 +97,11 @@ def batches(lines: Iterable[Line], size: int) -> Iterator[list[Line]]:
 
 
 def with_newlines(lines: Iterable[Line]) -> list[bytes]:
-    """Lines as the journal (and so the segments and the text translator) holds them."""
-    return [line + b"\n" for line, _ in lines]
+    """Lines as the journal (and so the segments and the text translator) holds them:
+    a piece of a cut line gets the newline only when it is the line's last."""
+    return [
+        line.journal_bytes() if isinstance(line, LinePiece) else line + b"\n" for line, _ in lines
+    ]
 
 
 def sentinel_exit(line: bytes, nonce: str) -> int | None:
@@ -106,26 +118,33 @@ class StoredJournal:
     the stored bytes end with one (the agent exited and every byte is stored).
     """
 
-    def __init__(self, store: Store, journal_key: str, nonce: str) -> None:
+    def __init__(
+        self, store: Store, journal_key: str, nonce: str, *, max_line_bytes: int | None = None
+    ) -> None:
         self.store = store
         self.journal_key = journal_key
         self.nonce = nonce
+        self.max_line_bytes = max_line_bytes
         self.exit_code: int | None = None
         self.end: int | None = None
 
     def __iter__(self) -> Iterator[Line]:
-        splitter = LineSplitter(0)
+        splitter = LineSplitter(0, max_line_bytes=self.max_line_bytes)
         from_byte = 0
         while True:
-            page = self.store.segments(self.journal_key, from_byte, limit=_SEGMENT_PAGE)
+            page = self.store.segments(
+                self.journal_key, from_byte, limit=_SEGMENT_PAGE, max_bytes=_SEGMENT_PAGE_BYTES
+            )
             for segment in page:
                 for line, end in splitter.split(segment.body):
-                    code = sentinel_exit(line, self.nonce)
-                    if code is not None:
-                        self.exit_code, self.end = code, end
-                        return
+                    if not isinstance(line, LinePiece):
+                        code = sentinel_exit(line, self.nonce)
+                        if code is not None:
+                            self.exit_code, self.end = code, end
+                            return
                     yield line, end
-            if len(page) < _SEGMENT_PAGE:
+            # A page may be short for its bytes: only an empty one is the end.
+            if not page:
                 return
             from_byte = page[-1].byte_end
 

@@ -113,5 +113,5 @@ def provider_for(name: str, settings: Settings, *, ssh: SshTarget | None = None)
                 "TURNKEEPER_SSH_IDENTITY_FILE, TURNKEEPER_SSH_KNOWN_HOSTS_FILE)",
                 reason="no-ssh-target",
             )
-        return SshProvider(ssh)
+        return SshProvider(ssh, limits=limits_of(settings))
     raise ConfigError(f"unknown sandbox provider {name!r}", reason="unknown-provider")

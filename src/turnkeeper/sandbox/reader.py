@@ -5,6 +5,9 @@ Two strategies, chosen from the sandbox's capabilities: ``follow`` (a killable
 ``poll`` (bounded ``exec`` reads every interval). Either way the reader:
 
 - starts at any byte offset and yields ``(line, end_position)`` for complete lines;
+- with ``max_line_bytes``, hands a longer line out in pieces as it streams
+  (``LinePiece``, cut at fixed byte offsets of the line, see ``sandbox/lines.py``),
+  so it holds at most that many bytes of an unfinished line (``peak_pending``);
 - stops at this agent process's nonce-checked sentinel and records its exit code, but
   only when it is the journal's final line: the writer appends it last, so a sentinel
   followed by anything is a forgery (the nonce leaked), and the read fails with
@@ -53,7 +56,7 @@ from turnkeeper.sandbox.journal import (
     size_argv,
     tail_argv,
 )
-from turnkeeper.sandbox.lines import LineSplitter, split_lines
+from turnkeeper.sandbox.lines import Line, LinePiece, LineSplitter
 from turnkeeper.sandbox.provider import Capabilities, Sandbox
 
 log = structlog.get_logger(__name__)
@@ -64,7 +67,7 @@ DEFAULT_POLL_INTERVAL = 0.25
 DEFAULT_FIRST_BYTE_TIMEOUT = 10.0
 DEFAULT_LIVENESS_INTERVAL = 1.0
 _TICK = 0.25
-_READ_SIZE = 1 << 20
+FOLLOW_READ_BYTES = 1 << 20
 _SPLIT_BYTES = 1 << 16
 _MAX_FOLLOW_RESTARTS = 3
 _SENTINEL_SLACK = 256  # the writer's newline and sentinel may follow a full journal
@@ -144,6 +147,7 @@ class JournalReader:
         first_byte_timeout: float | None = DEFAULT_FIRST_BYTE_TIMEOUT,
         liveness_interval: float | None = DEFAULT_LIVENESS_INTERVAL,
         max_bytes: int | None = None,
+        max_line_bytes: int | None = None,
     ) -> None:
         if isinstance(from_byte, bool) or not isinstance(from_byte, int) or from_byte < 0:
             raise JournalError(
@@ -160,13 +164,20 @@ class JournalReader:
         self.first_byte_timeout = first_byte_timeout or None
         self.liveness_interval = liveness_interval
         self.max_bytes = max_bytes
+        self.max_line_bytes = max_line_bytes
+        self._splitter = LineSplitter(from_byte, max_line_bytes=max_line_bytes)
         self._nonce_bytes = nonce.encode()
         self.exit_code: int | None = None
         self.end_position: int | None = None
         self.position = from_byte
 
-    def __iter__(self) -> Iterator[tuple[bytes, int]]:
-        splitter = LineSplitter(self.from_byte)
+    @property
+    def peak_pending(self) -> int:
+        """The most bytes of an unfinished line this reader held at once."""
+        return self._splitter.peak_pending
+
+    def __iter__(self) -> Iterator[Line]:
+        splitter = self._splitter
         idle = _IdleWatch(time.monotonic())
         stop = self.stop
         source = self._follow(splitter) if self.strategy == "follow" else self._poll(splitter)
@@ -180,7 +191,7 @@ class JournalReader:
                 idle.strikes = 0
                 taken = splitter.take(chunk)
                 if taken is not None:
-                    lines, sentinel_found, failure = self._screen(*taken)
+                    lines, sentinel_found, failure = self._screen(splitter, *taken)
                     # The per-line loop is all the Python a line costs: keep it this small.
                     for line, end in lines:
                         self.position = end
@@ -194,12 +205,23 @@ class JournalReader:
                         return
                     if failure is not None:
                         raise failure
+                if splitter.max_line_bytes is not None:
+                    yield from self._pieces(splitter)
                 self._check_size(splitter.fed_until - _SENTINEL_SLACK)
         finally:
             # Closing the source kills a follow process at once, whatever ended the read.
             close = getattr(source, "close", None)
             if close is not None:
                 close()
+
+    def _pieces(self, splitter: LineSplitter) -> Iterator[Line]:
+        """The unfinished line's pieces that are complete now (the line is over the cap)."""
+        for piece, end in splitter.pieces():
+            if self.stop.stopped:
+                return
+            self._check_size(end)
+            self.position = end
+            yield piece, end
 
     def _idle_tick(self, idle: _IdleWatch, splitter: LineSplitter) -> None:
         """No bytes this tick: fail a read that never started, or whose writer is gone."""
@@ -239,22 +261,25 @@ class JournalReader:
                 )
 
     def _screen(
-        self, body: bytes, start: int
-    ) -> tuple[list[tuple[bytes, int]], bool, JournalError | None]:
+        self, splitter: LineSplitter, body: bytes, start: int
+    ) -> tuple[list[Line], bool, JournalError | None]:
         """The lines of one chunk to hand out, whether this run's sentinel follows
         them, and the error to raise after them (an oversized line, a forged sentinel).
 
         Equivalent to checking every line in order (sentinel first, then size), but
         done per chunk: a line can only be a sentinel (or a forged one) if it holds
         the nonce, and line ends only grow, so the common chunk costs one search for
-        the nonce and no per-line work.
+        the nonce and no per-line work. A piece of a cut line is never a sentinel: the
+        writer's sentinel is a short line of its own.
         """
-        lines = split_lines(body, start)
+        lines = splitter.lines(body, start)
         cut = len(lines)  # index of the first line past the size limit, if any
         if self.max_bytes is not None and lines[-1][1] > self.max_bytes + 1:
             cut = bisect.bisect_right(lines, self.max_bytes + 1, key=itemgetter(1))
         if self._nonce_bytes in body:
             for index, (line, end) in enumerate(lines[: cut + 1]):
+                if isinstance(line, LinePiece):
+                    continue
                 try:
                     if self._is_sentinel(line, end):
                         if index < len(lines) - 1:
@@ -360,7 +385,7 @@ class JournalReader:
                     if fd not in ready:
                         yield b""
                         continue
-                    data = os.read(fd, _READ_SIZE)
+                    data = os.read(fd, FOLLOW_READ_BYTES)
                     if not data:
                         break
                     restarts = 0

@@ -6,6 +6,12 @@ multiplexed master connection per provider). Killing a spawned command must end 
 remote process group, not just the local client: sshd starts every session command as
 a session and group leader, the command prints that id first, and ``kill`` signals
 the group remotely.
+
+There is no jail on the remote host yet: the agent is a plain process of the ssh user
+there. With ``limits``, its memory and processes are capped by rlimits
+(``RLIMIT_DATA``, ``RLIMIT_NPROC``, set by ``prlimit`` in the agent's own shell), as
+``local`` does without a cgroup; ``RLIMIT_NPROC`` counts every process of the remote
+user, so it bounds a fork bomb rather than one sandbox.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import IO
 import structlog
 
 from turnkeeper.errors import SandboxError
+from turnkeeper.sandbox.cgroup import Limits
 from turnkeeper.sandbox.command import AgentCommand, AgentLaunch, agent_script
 from turnkeeper.sandbox.journal import JournalPaths
 from turnkeeper.sandbox.provider import (
@@ -46,7 +53,7 @@ class SshTarget:
     host: str
     root: str
     port: int = 22
-    user: str = "root"
+    user: str = "turnkeeper"
     identity_file: Path | None = None
     known_hosts_file: Path | None = None
     strict_host_key_checking: bool = True
@@ -200,10 +207,13 @@ class SshProcess:
 
 
 class SshSandbox:
-    def __init__(self, ref: SandboxRef, connection: SshConnection) -> None:
+    def __init__(
+        self, ref: SandboxRef, connection: SshConnection, limits: Limits | None = None
+    ) -> None:
         self._ref = ref
         self._connection = connection
         self._env = base_environment(ref.workspace)
+        self._limits = limits
 
     @property
     def ref(self) -> SandboxRef:
@@ -216,12 +226,15 @@ class SshSandbox:
             killable_processes=True,
             durable_filesystem=True,
             network_isolation=False,
-            resource_limits=True,
+            resource_limits=self._limits is not None,
         )
 
     def launch(self, paths: JournalPaths, command: AgentCommand | str) -> AgentLaunch:
-        """The agent as a plain process of the remote host (no jail there yet)."""
-        script = agent_script(command, paths.prompt_file)
+        """The agent as a plain process of the remote host (no jail there yet), under
+        rlimits when the provider has limits."""
+        limits = self._limits
+        rlimits = None if limits is None else (limits.memory_bytes, limits.pids)
+        script = agent_script(command, paths.prompt_file, rlimits)
         return AgentLaunch(f"( exec /bin/sh -c {shlex.quote(script)} sh )")
 
     def limit_events(self) -> dict[str, int]:
@@ -265,10 +278,11 @@ class SshSandbox:
 class SshProvider:
     name = "ssh"
 
-    def __init__(self, target: SshTarget) -> None:
+    def __init__(self, target: SshTarget, *, limits: Limits | None = None) -> None:
         if not target.root.startswith("/"):
             raise SandboxError("ssh sandbox root must be absolute", reason="bad-config")
         self.target = target
+        self.limits = limits
         self.connection = SshConnection(target)
 
     def close(self) -> None:
@@ -308,7 +322,7 @@ class SshProvider:
         result = self.connection.run(
             f"test -d {root}/workspace && test -d {root}/journal", timeout=60
         )
-        return SshSandbox(ref, self.connection) if result.exit_code == 0 else None
+        return SshSandbox(ref, self.connection, self.limits) if result.exit_code == 0 else None
 
     def sweep(self) -> int:
         return 0

@@ -357,6 +357,23 @@ ORDER BY byte_start
 LIMIT :limit
 """)
 
+# A page of at most :max_bytes of bodies (and always its first segment), so a replay
+# never holds more than about that much of a journal at once.
+SEGMENTS_BOUNDED = text("""
+SELECT journal_key, byte_start, byte_end, body FROM (
+    SELECT journal_key, byte_start, byte_end,
+           sum(byte_end - byte_start) OVER (ORDER BY byte_start)
+               - (byte_end - byte_start) AS bytes_before
+    FROM segments
+    WHERE journal_key = :journal_key AND byte_end > :from_byte
+    ORDER BY byte_start
+    LIMIT :limit
+) page
+JOIN segments USING (journal_key, byte_start, byte_end)
+WHERE page.bytes_before < :max_bytes
+ORDER BY byte_start
+""")
+
 LAST_SEGMENT = text("""
 SELECT journal_key, byte_start, byte_end, body FROM segments
 WHERE journal_key = :journal_key

@@ -167,10 +167,17 @@ class TurnsMixin(StoreBase):
         )
 
     def segments(
-        self, journal_key: str, from_byte: int = 0, *, limit: int | None = None
+        self,
+        journal_key: str,
+        from_byte: int = 0,
+        *,
+        limit: int | None = None,
+        max_bytes: int | None = None,
     ) -> list[Segment]:
         """The stored bytes from ``from_byte`` on, in order (the first segment trimmed);
-        at most ``limit`` segments, so a long journal can be read in pages."""
+        at most ``limit`` segments, so a long journal can be read in pages, and with
+        ``max_bytes`` only the segments that start within that many bytes of the page's
+        start (the first one always), so a page of big segments stays small."""
         check_id(journal_key, "journal_key")
         if isinstance(from_byte, bool) or not isinstance(from_byte, int) or from_byte < 0:
             raise InvalidInputError(f"from_byte must be a non-negative integer: {from_byte!r}")
@@ -179,7 +186,11 @@ class TurnsMixin(StoreBase):
             "from_byte": from_byte,
             "limit": None if limit is None else check_limit(limit),
         }
-        rows = self._db.rows("segments", q.SEGMENTS, params)
+        if max_bytes is None:
+            rows = self._db.rows("segments", q.SEGMENTS, params)
+        else:
+            params["max_bytes"] = check_limit(max_bytes)
+            rows = self._db.rows("segments", q.SEGMENTS_BOUNDED, params)
         segments = []
         for row in rows:
             start, body = row["byte_start"], bytes(row["body"])
