@@ -80,9 +80,25 @@ MADE_UP = ("sessionId", "durationMs", "totalCostUsd")  # what Claude Code invent
 SANDBOXES = "/var/lib/turnkeeper/sandboxes"
 FIRST_KEY = "/etc/turnkeeper/secret/first-api-key"
 # Prints, for every sandbox on the sandbox host: its journal names, the pids its detached
-# writers were started as, and every live process of those writers' sessions.
+# writers were started as, and every live process descending from those writers (the
+# jail's processes too: bwrap gives the agent a session of its own, so it is found by
+# parentage, not by session), each with its network namespace, and the host's.
 PROBE = f"""
 import json, os
+def netns(pid):
+    try:
+        return os.readlink(f"/proc/{{pid}}/ns/net")
+    except OSError:
+        return None
+parents, argvs = {{}}, {{}}
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        stat = open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()
+        cmd = open(f"/proc/{{pid}}/cmdline", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    parents[pid] = stat[1]
+    argvs[pid] = [c.decode(errors="replace") for c in cmd if c]
 out = {{}}
 root = {SANDBOXES!r}
 for box in os.listdir(root):
@@ -92,16 +108,15 @@ for box in os.listdir(root):
     except OSError:
         continue
     session = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()
-            cmd = open(f"/proc/{{pid}}/cmdline", "rb").read().split(b"\\0")
-        except OSError:
-            continue
-        if stat[3] in procs:
-            session.append([int(pid), [c.decode(errors="replace") for c in cmd if c]])
+    for pid in parents:
+        up, seen = pid, set()
+        while up in parents and up not in procs and up not in seen:
+            seen.add(up)
+            up = parents[up]
+        if up in procs:
+            session.append([int(pid), argvs[pid], netns(pid)])
     out[box] = {{"journals": journals, "procs": procs, "session": session}}
-print(json.dumps(out))
+print(json.dumps({{"host_netns": netns("self"), "sandboxes": out}}))
 """
 
 
@@ -292,6 +307,8 @@ class AgentTrace:
     journals: set[str] = field(default_factory=set)
     writers: set[str] = field(default_factory=set)
     agent_pids: set[int] = field(default_factory=set)
+    jailed: set[bool] = field(default_factory=set)
+    """Per sample: whether the agent had a network namespace of its own (its jail's)."""
     seen: int = 0
 
 
@@ -324,7 +341,8 @@ class Watcher:
                 self.errors.append(str(exc)[:200])
 
     def sample(self) -> None:
-        for box in self.stack.probe().values():
+        probed = self.stack.probe()
+        for box in probed["sandboxes"].values():
             names = [n for n in box["journals"] if n.endswith(".ndjson")]
             owners = {self.tokens[t] for n in names for t in self.tokens if n.startswith(t + ".")}
             for run_id in owners:
@@ -333,9 +351,11 @@ class Watcher:
                 trace.journals.update(names)
                 trace.writers.update(box["procs"])
                 is_agent = self.is_agent[run_id]
-                agents = [pid for pid, argv in box["session"] if argv and is_agent(argv)]
+                agents = [(pid, ns) for pid, argv, ns in box["session"] if argv and is_agent(argv)]
                 if agents:
-                    trace.agent_pids.add(min(agents))
+                    pid, ns = min(agents)
+                    trace.agent_pids.add(pid)
+                    trace.jailed.add(ns is not None and ns != probed["host_netns"])
 
     def live(self, run_id: str) -> bool:
         return bool(self.traces[run_id].agent_pids)
@@ -558,9 +578,10 @@ class Check:
         for attempt in range(3):
             url = self.status(run_id)["stream_url"]
             headers = {"Last-Event-ID": str(seqs[-1])} if seqs else {}
-            with self.stack.http() as http, http.stream(
-                "GET", url, headers=headers, timeout=60
-            ) as response:
+            with (
+                self.stack.http() as http,
+                http.stream("GET", url, headers=headers, timeout=60) as response,
+            ):
                 if response.status_code == 503 and attempt < 2:
                     response.read()
                     self.resumed.append(response.text[:200])
@@ -594,8 +615,13 @@ class Check:
                     f"{name}: writers {sorted(trace.writers)}, agent pids "
                     f"{sorted(trace.agent_pids)}: the agent was started again"
                 )
+            if trace.jailed != {True}:
+                raise CheckError(f"{name}: not in a jail of its own in every sample")
             verdicts.append(f"{name} pid {trace.agent_pids.pop()} in {trace.seen} samples")
-        return "one journal (process 1) and one agent pid per run: " + ", ".join(verdicts)
+        return (
+            "one journal (process 1) and one agent pid per run, each jailed (a network "
+            "namespace of its own): " + ", ".join(verdicts)
+        )
 
     def dashboard(self) -> str:
         with self.stack.http() as http:
@@ -621,9 +647,10 @@ class Check:
         networks = podman("network", "ls", "--filter", label, "--format", "{{.Name}}").split()
         if networks:
             podman("network", "rm", *networks)
-        left = self.stack.running_any() + podman(
-            "volume", "ls", "--filter", label, "--format", "{{.Name}}"
-        ).split()
+        left = (
+            self.stack.running_any()
+            + podman("volume", "ls", "--filter", label, "--format", "{{.Name}}").split()
+        )
         if left:
             raise CheckError(f"left behind: {left}")
         return f"containers, volumes and networks ({', '.join(networks)}) removed"
