@@ -7,6 +7,7 @@ renamed setting or command here, in a second.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -18,7 +19,8 @@ from turnkeeper.config import ENV_PREFIX, Settings, load_settings
 from turnkeeper.sandbox.factory import provider_for
 from turnkeeper.sandbox.ssh import SshProvider
 
-COMPOSE = Path(__file__).resolve().parent.parent / "docker" / "compose.yaml"
+REPO = Path(__file__).resolve().parent.parent
+COMPOSE = REPO / "docker" / "compose.yaml"
 DOCKERFILE = COMPOSE.with_name("Dockerfile")
 _VARIABLE = re.compile(r"\$\{(?P<name>\w+)(?::-(?P<default>[^}]*)|:\?[^}]*)?\}")
 
@@ -95,4 +97,34 @@ def test_sandbox_host_runs_unprivileged(services: dict[str, Any]) -> None:
     assert host["cap_drop"] == ["ALL"]
     assert "cap_add" not in host
     assert "privileged" not in host
-    assert set(host["security_opt"]) == {"no-new-privileges", "unmask=/proc/*"}
+    assert set(host["security_opt"]) == {
+        "no-new-privileges",
+        "unmask=/proc/*",
+        "seccomp=docker/sandbox-host-seccomp.json",
+    }
+
+
+def test_the_sandbox_hosts_seccomp_profile_adds_only_the_jails_hostname() -> None:
+    """Default deny; sethostname and setdomainname allowed without CAP_SYS_ADMIN (bwrap
+    names the jail's own UTS namespace); every capability-gated rule otherwise intact."""
+    profile = json.loads((REPO / "docker" / "sandbox-host-seccomp.json").read_text())
+    assert profile["defaultAction"] == "SCMP_ACT_ERRNO"
+    rules = profile["syscalls"]
+    unconditional = {
+        name
+        for rule in rules
+        if rule["action"] == "SCMP_ACT_ALLOW"
+        and not rule.get("includes")
+        and not rule.get("args")
+        and not rule.get("excludes")
+        for name in rule["names"]
+    }
+    assert {"sethostname", "setdomainname", "unshare", "mount", "pivot_root"} <= unconditional
+    gated = {
+        name: rule["includes"]["caps"]
+        for rule in rules
+        if rule["action"] == "SCMP_ACT_ALLOW" and rule.get("includes", {}).get("caps")
+        for name in rule["names"]
+    }
+    assert gated["setns"] == gated["bpf"] == ["CAP_SYS_ADMIN"]
+    assert "sethostname" not in gated
