@@ -13,8 +13,10 @@ printed with its time and a one-line verdict:
    one worker container is killed, the other restarted, and the workers scaled to three;
 5. the checks: every run completes with exactly the chunks of the same agent run outside
    the stack; no agent was restarted (one journal per run, the agent's pid on the sandbox
-   host never changed); the runs were really taken over (epoch above 1); the web port is
-   published on the loopback only; the dashboard answers;
+   host never changed) and each ran in its jail (a network namespace of its own, so
+   Claude Code reached the model server only through the egress proxy); the runs were
+   really taken over (epoch above 1); the web port is published on the loopback only;
+   the dashboard answers;
 6. the stack torn down, volumes included.
 
 Exit status 0 only when every step passed.
@@ -457,14 +459,29 @@ class Check:
         return f"8000/tcp -> {published[0]}"
 
     def first_key(self) -> str:
-        read = subprocess.run(
-            ["podman", "exec", self.stack.container("web"), "cat", FIRST_KEY],
-            capture_output=True, text=True, check=False, timeout=60,
+        """The init step's admin key answers; it creates the key the runs are submitted
+        with (inline agent specs need ``--allow-commands``, which the admin key lacks)."""
+        web = self.stack.container("web")
+        first = podman("exec", web, "cat", FIRST_KEY, timeout=60).strip()
+        if not first:
+            raise CheckError(f"the init step left no key in {FIRST_KEY}")
+        with httpx.Client(
+            base_url=self.stack.base_url, headers={"Authorization": f"Bearer {first}"}, timeout=30
+        ) as http:
+            if (answer := http.get("/runs")).status_code != 200:
+                raise CheckError(f"GET /runs with the first key: {answer.status_code}")
+        with httpx.Client(base_url=self.stack.base_url, timeout=30) as http:
+            if (answer := http.get("/runs")).status_code != 401:
+                raise CheckError(f"GET /runs without a key: {answer.status_code}, not 401")
+        created = podman(
+            "exec", web, "turnkeeper", "keys", "create", "compose-check", "--allow-commands",
+            timeout=120,
         )  # fmt: skip
-        if read.returncode != 0 or not read.stdout.strip():
-            return "skipped: this version has no API keys (the init step made none)"
-        self.stack.headers["Authorization"] = f"Bearer {read.stdout.strip()}"
-        return "the init step's first admin key is used for every request"
+        self.stack.headers["Authorization"] = f"Bearer {created.strip().splitlines()[-1]}"
+        return (
+            "the init step's admin key answers (none: 401); key compose-check "
+            "(--allow-commands) created by `turnkeeper keys create` in web, used for every request"
+        )
 
     def submit(self) -> str:
         suffix = secrets.token_hex(4)
