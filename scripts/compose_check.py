@@ -435,7 +435,11 @@ class Check:
             raise CheckError(f"init ended {self.stack.state(init)}: podman logs {init}")
         wait_until("web /healthz", self._web_healthy, 300)
         services = ("postgres", "redis", "sandbox-host", "web", "worker", "beat")
-        names = [name for service in services for name in self.stack.running(service)]
+        running = {service: self.stack.running(service) for service in services}
+        missing = [service for service, names in running.items() if not names]
+        if missing:
+            raise CheckError(f"not running: {', '.join(missing)} (see compose.log)")
+        names = [name for service in services for name in running[service]]
         unhealthy = [name for name in names if not _healthy(name)]
         if unhealthy:
             raise CheckError(f"unhealthy: {', '.join(unhealthy)}")

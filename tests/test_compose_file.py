@@ -19,8 +19,7 @@ from turnkeeper.config import ENV_PREFIX, Settings, load_settings
 from turnkeeper.sandbox.factory import provider_for
 from turnkeeper.sandbox.ssh import SshProvider
 
-REPO = Path(__file__).resolve().parent.parent
-COMPOSE = REPO / "docker" / "compose.yaml"
+COMPOSE = Path(__file__).resolve().parent.parent / "docker" / "compose.yaml"
 DOCKERFILE = COMPOSE.with_name("Dockerfile")
 _VARIABLE = re.compile(r"\$\{(?P<name>\w+)(?::-(?P<default>[^}]*)|:\?[^}]*)?\}")
 
@@ -100,14 +99,14 @@ def test_sandbox_host_runs_unprivileged(services: dict[str, Any]) -> None:
     assert set(host["security_opt"]) == {
         "no-new-privileges",
         "unmask=/proc/*",
-        "seccomp=docker/sandbox-host-seccomp.json",
+        "seccomp=./sandbox-host-seccomp.json",
     }
 
 
 def test_the_sandbox_hosts_seccomp_profile_adds_only_the_jails_hostname() -> None:
     """Default deny; sethostname and setdomainname allowed without CAP_SYS_ADMIN (bwrap
     names the jail's own UTS namespace); every capability-gated rule otherwise intact."""
-    profile = json.loads((REPO / "docker" / "sandbox-host-seccomp.json").read_text())
+    profile = json.loads(COMPOSE.with_name("sandbox-host-seccomp.json").read_text())
     assert profile["defaultAction"] == "SCMP_ACT_ERRNO"
     rules = profile["syscalls"]
     unconditional = {
