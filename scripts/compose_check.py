@@ -164,11 +164,12 @@ class Report:
         return True
 
 
-def podman(*args: str, timeout: float = 600) -> str:
+def podman(*args: str, timeout: float = 600, stdin: str | None = None) -> str:
     """``podman ARGS``' stdout; CalledProcessError (with its stderr) when it fails."""
     done = subprocess.run(
-        ["podman", *args], capture_output=True, text=True, timeout=timeout, check=True, cwd=REPO
-    )
+        ["podman", *args], input=stdin, capture_output=True, text=True, timeout=timeout,
+        check=True, cwd=REPO,
+    )  # fmt: skip
     return done.stdout
 
 
@@ -284,11 +285,14 @@ def claude_oracle(run_id: str, session_id: str) -> list[Chunk]:
     spec = AgentSpec.from_payload({"preset": "claude-code", "args": CLAUDE_ARGS})
     home = "/home/agent/oracle"  # HOME inside the one-off container
     env = [f"--env={k}={v}" for k, v in {**CLAUDE_ENV, "HOME": home}.items()]
+    # The preset reads its prompt on stdin (`-p` with no prompt argument), as in the stack.
+    stdin = PROMPT if spec.prompt_stdin else None
     stdout = podman(
-        "run", "--rm", f"--network={PROJECT}_sandbox", "--entrypoint=sh", "--user=agent",
-        "--workdir=/home/agent", *env, "localhost/turnkeeper-sandbox-host:latest",
+        "run", "--rm", "--interactive", f"--network={PROJECT}_sandbox", "--entrypoint=sh",
+        "--user=agent", "--workdir=/home/agent", *env,
+        "localhost/turnkeeper-sandbox-host:latest",
         "-c", 'mkdir -p "$HOME" && exec "$@"', "sh", *spec.argv(PROMPT),
-        timeout=600,
+        timeout=600, stdin=stdin,
     )  # fmt: skip
     translator = translator_for(spec.format, run_id)
     chunks: list[Chunk] = [lifecycle.run_started(run_id, session_id)]
