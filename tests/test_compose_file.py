@@ -1,5 +1,5 @@
 """docker/compose.yaml against the code: settings it sets exist, the ssh provider it
-configures can be built, the web port stays on the loopback.
+configures can be built (with its egress allowlist), the web port stays on the loopback.
 
 scripts/compose-check runs the stack for real (minutes, outside CI); these catch a
 renamed setting or command here, in a second.
@@ -7,8 +7,9 @@ renamed setting or command here, in a second.
 
 from __future__ import annotations
 
+import json
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
@@ -19,9 +20,7 @@ from turnkeeper.sandbox.factory import provider_for
 from turnkeeper.sandbox.ssh import SshProvider
 
 COMPOSE = Path(__file__).resolve().parent.parent / "docker" / "compose.yaml"
-# Set by the compose file ahead of the code that reads them (docs/operations.md,
-# "Still to wire"): the server secret as a file and the egress allowlist.
-PENDING = {"TURNKEEPER_SECRET_FILE", "TURNKEEPER_SANDBOX_EGRESS"}
+DOCKERFILE = COMPOSE.with_name("Dockerfile")
 _VARIABLE = re.compile(r"\$\{(?P<name>\w+)(?::-(?P<default>[^}]*)|:\?[^}]*)?\}")
 
 
@@ -44,9 +43,7 @@ def test_every_turnkeeper_variable_is_a_setting(services: dict[str, Any]) -> Non
     known = {f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields}
     for name, service in services.items():
         unknown = {
-            key
-            for key in _environment(service)
-            if key.startswith(ENV_PREFIX) and key not in known | PENDING
+            key for key in _environment(service) if key.startswith(ENV_PREFIX) and key not in known
         }
         assert unknown == set(), name
 
@@ -55,7 +52,7 @@ def test_every_turnkeeper_variable_is_a_setting(services: dict[str, Any]) -> Non
 def test_fleet_settings_build_the_ssh_provider_of_the_sandbox_host(
     services: dict[str, Any], role: str
 ) -> None:
-    env = {k: v for k, v in _environment(services[role]).items() if k not in PENDING}
+    env = _environment(services[role])
     settings = load_settings(
         **{k.removeprefix(ENV_PREFIX).lower(): v for k, v in env.items()},
     )
@@ -63,7 +60,12 @@ def test_fleet_settings_build_the_ssh_provider_of_the_sandbox_host(
     assert isinstance(provider, SshProvider)
     target = provider.target
     assert (target.host, target.port, target.user) == ("sandbox-host", 2222, "agent")
-    assert target.user != "root"
+    assert env["TURNKEEPER_SSH_USER"] == "agent"  # set here, whatever the default is
+    # The sandbox host's jails reach only the allowlist, through the proxy the workers
+    # start there, in egress/ beside the sandbox root (a directory its image gives `agent`).
+    assert provider.egress == ("api.anthropic.com:443",)
+    egress_dir = f"{PurePosixPath(target.root).parent}/egress"
+    assert f"install -d -o 10002 -g 10002 -m 0711 {egress_dir}\n" in DOCKERFILE.read_text()
     assert target.strict_host_key_checking
     assert target.known_hosts_file == Path("/etc/turnkeeper/sandbox-host-public/known_hosts")
     assert target.identity_file == Path("/etc/turnkeeper/ssh/id_ed25519")
@@ -94,4 +96,34 @@ def test_sandbox_host_runs_unprivileged(services: dict[str, Any]) -> None:
     assert host["cap_drop"] == ["ALL"]
     assert "cap_add" not in host
     assert "privileged" not in host
-    assert set(host["security_opt"]) == {"no-new-privileges", "unmask=/proc/*"}
+    assert set(host["security_opt"]) == {
+        "no-new-privileges",
+        "unmask=/proc/*",
+        "seccomp=./sandbox-host-seccomp.json",
+    }
+
+
+def test_the_sandbox_hosts_seccomp_profile_adds_only_the_jails_hostname() -> None:
+    """Default deny; sethostname and setdomainname allowed without CAP_SYS_ADMIN (bwrap
+    names the jail's own UTS namespace); every capability-gated rule otherwise intact."""
+    profile = json.loads(COMPOSE.with_name("sandbox-host-seccomp.json").read_text())
+    assert profile["defaultAction"] == "SCMP_ACT_ERRNO"
+    rules = profile["syscalls"]
+    unconditional = {
+        name
+        for rule in rules
+        if rule["action"] == "SCMP_ACT_ALLOW"
+        and not rule.get("includes")
+        and not rule.get("args")
+        and not rule.get("excludes")
+        for name in rule["names"]
+    }
+    assert {"sethostname", "setdomainname", "unshare", "mount", "pivot_root"} <= unconditional
+    gated = {
+        name: rule["includes"]["caps"]
+        for rule in rules
+        if rule["action"] == "SCMP_ACT_ALLOW" and rule.get("includes", {}).get("caps")
+        for name in rule["names"]
+    }
+    assert gated["setns"] == gated["bpf"] == ["CAP_SYS_ADMIN"]
+    assert "sethostname" not in gated

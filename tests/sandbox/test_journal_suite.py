@@ -210,7 +210,8 @@ def test_shell_hostile_run_id_round_trips(sandbox: Sandbox) -> None:
 
 
 def agent_home(sandbox: Sandbox) -> str:
-    return WORKSPACE if sandbox.ref.provider == "bwrap" else sandbox.ref.workspace
+    """A jailed agent's home is the jail's /workspace (bwrap; ssh where the host has bwrap)."""
+    return WORKSPACE if sandbox.capabilities.network_isolation else sandbox.ref.workspace
 
 
 def test_agent_environment_is_minimal(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,8 +1,9 @@
 """Building providers from Settings, and which providers are at least as strong as another.
 
 Providers are ranked by what they isolate: ``local`` (nothing) below ``ssh`` (another
-host, no jail there) below ``bwrap`` (a jail). A worker runs a run only in its
-configured provider or a stronger one: a run's payload can never pick a weaker one.
+host, jailed only where that host has bwrap) below ``bwrap`` (a jail). A worker runs a
+run only in its configured provider or a stronger one: a run's payload can never pick a
+weaker one.
 """
 
 from __future__ import annotations
@@ -113,5 +114,10 @@ def provider_for(name: str, settings: Settings, *, ssh: SshTarget | None = None)
                 "TURNKEEPER_SSH_IDENTITY_FILE, TURNKEEPER_SSH_KNOWN_HOSTS_FILE)",
                 reason="no-ssh-target",
             )
-        return SshProvider(ssh, limits=limits_of(settings))
+        return SshProvider(
+            ssh,
+            ro_binds=settings.ro_bind_paths,
+            egress=settings.sandbox_egress,
+            limits=limits_of(settings),
+        )
     raise ConfigError(f"unknown sandbox provider {name!r}", reason="unknown-provider")

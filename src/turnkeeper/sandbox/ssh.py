@@ -7,11 +7,17 @@ remote process group, not just the local client: sshd starts every session comma
 a session and group leader, the command prints that id first, and ``kill`` signals
 the group remotely.
 
-There is no jail on the remote host yet: the agent is a plain process of the ssh user
-there. With ``limits``, its memory and processes are capped by rlimits
-(``RLIMIT_DATA``, ``RLIMIT_NPROC``, set by ``prlimit`` in the agent's own shell), as
-``local`` does without a cgroup; ``RLIMIT_NPROC`` counts every process of the remote
-user, so it bounds a fork bomb rather than one sandbox.
+When the remote host has bubblewrap, each agent runs there in the jail the ``bwrap``
+provider builds (``jail.jail_argv``, the same argv), as the remote user in a user
+namespace; the writer stays outside it. The jail's only way out is an egress proxy
+on the remote host for the worker's ``TURNKEEPER_SANDBOX_EGRESS``, started there on
+first use with the worker's interpreter path (the remote host then has turnkeeper
+installed where the worker has it, as the ``scripted`` preset needs anyway); its files
+live in ``egress/`` beside the sandbox root. A remote host without bwrap runs agents
+as plain processes. Either way, with ``limits``, an agent's memory and processes are
+capped by rlimits (``RLIMIT_DATA``, ``RLIMIT_NPROC``, set by ``prlimit`` in the agent's
+own shell), as ``local`` does without a cgroup; ``RLIMIT_NPROC`` counts every process
+of the remote user, so it bounds a fork bomb rather than one sandbox.
 """
 
 from __future__ import annotations
@@ -20,11 +26,12 @@ import contextlib
 import os
 import shlex
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import IO
 
 import structlog
@@ -32,6 +39,17 @@ import structlog
 from turnkeeper.errors import SandboxError
 from turnkeeper.sandbox.cgroup import Limits
 from turnkeeper.sandbox.command import AgentCommand, AgentLaunch, agent_script
+from turnkeeper.sandbox.egress import jail_bind_args, proxy_environment, with_forwarder
+from turnkeeper.sandbox.jail import (
+    PROMPT_FD,
+    PROMPT_PATH,
+    WORKSPACE,
+    Egress,
+    Jail,
+    identity_files,
+    jail_argv,
+    read_only_binds,
+)
 from turnkeeper.sandbox.journal import JournalPaths
 from turnkeeper.sandbox.provider import (
     Capabilities,
@@ -44,6 +62,28 @@ from turnkeeper.sandbox.provider import (
 log = structlog.get_logger(__name__)
 
 SSH_CONNECTION_FAILED = 255
+PASSWD_FILE = "passwd"  # noqa: S105 - the jail's /etc/passwd, no password in it
+GROUP_FILE = "group"
+# Run remotely by the worker's interpreter path: the socket of the remote host's egress
+# proxy for an allowlist, started there if it is not running (egress.ensure_proxy).
+_ENSURE_PROXY = """
+import sys
+from turnkeeper.config import load_settings
+from turnkeeper.sandbox.egress import ensure_proxy
+print(ensure_proxy(load_settings(data_dir=sys.argv[1], sandbox_egress=sys.argv[2])))
+"""
+_REMOTE_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteJail:
+    """The remote host's bubblewrap jail: who agents run as there, and what the worker's
+    settings add to it (extra read-only binds, the egress allowlist)."""
+
+    uid: int
+    gid: int
+    ro_binds: tuple[str, ...] = ()
+    egress: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,11 +248,16 @@ class SshProcess:
 
 class SshSandbox:
     def __init__(
-        self, ref: SandboxRef, connection: SshConnection, limits: Limits | None = None
+        self,
+        ref: SandboxRef,
+        connection: SshConnection,
+        jail: RemoteJail | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self._ref = ref
         self._connection = connection
         self._env = base_environment(ref.workspace)
+        self._jail = jail
         self._limits = limits
 
     @property
@@ -225,17 +270,59 @@ class SshSandbox:
             background_processes=True,
             killable_processes=True,
             durable_filesystem=True,
-            network_isolation=False,
+            network_isolation=self._jail is not None,
             resource_limits=self._limits is not None,
         )
 
     def launch(self, paths: JournalPaths, command: AgentCommand | str) -> AgentLaunch:
-        """The agent as a plain process of the remote host (no jail there yet), under
-        rlimits when the provider has limits."""
+        """The agent in the remote host's jail, or as a plain process where it has no
+        bwrap; under rlimits when the provider has limits."""
         limits = self._limits
         rlimits = None if limits is None else (limits.memory_bytes, limits.pids)
-        script = agent_script(command, paths.prompt_file, rlimits)
-        return AgentLaunch(f"( exec /bin/sh -c {shlex.quote(script)} sh )")
+        if self._jail is None:
+            script = agent_script(command, paths.prompt_file, rlimits)
+            return AgentLaunch(f"( exec /bin/sh -c {shlex.quote(script)} sh )")
+        preset = command.read_only if isinstance(command, AgentCommand) else ()
+        jail = Jail(
+            workspace=self._ref.workspace,
+            passwd_file=f"{self._ref.root}/{PASSWD_FILE}",
+            group_file=f"{self._ref.root}/{GROUP_FILE}",
+            read_only=read_only_binds([*self._jail.ro_binds, *preset]),
+            egress=self._prepare_jail(self._jail),
+        )
+        script = agent_script(command, PROMPT_PATH, rlimits)
+        argv = jail_argv(jail, base_environment(WORKSPACE), script)
+        code = f"( exec {shlex.join(argv)} ) {PROMPT_FD}<{shlex.quote(paths.prompt_file)}"
+        return AgentLaunch(code)
+
+    def _prepare_jail(self, jail: RemoteJail) -> Egress | None:
+        """Writes the jail's passwd and group into the sandbox and, for a non-empty
+        allowlist, makes sure the remote proxy runs; its binding for the jail."""
+        passwd, group = identity_files(jail.uid, jail.gid)
+        root = self._ref.root
+        script = " && ".join(
+            f"printf %s {shlex.quote(text)} > {shlex.quote(f'{root}/{name}')}"
+            for name, text in ((PASSWD_FILE, passwd), (GROUP_FILE, group))
+        )
+        if jail.egress:
+            data_dir = str(PurePosixPath(self._connection.target.root).parent)
+            ensure = [sys.executable, "-P", "-c", _ENSURE_PROXY, data_dir, ",".join(jail.egress)]
+            script += " && " + _env_command({"PATH": _REMOTE_PATH, "LC_ALL": "C.UTF-8"}, ensure)
+        done = self._connection.run(f"umask 022 && {script}", timeout=120)
+        if done.exit_code != 0:
+            raise SandboxError(
+                "cannot prepare the remote jail: " + done.stderr.decode(errors="replace")[-500:],
+                reason="spawn-failed",
+                sandbox=self._ref.id,
+            )
+        if not jail.egress:
+            return None
+        socket = Path(done.stdout.decode().strip().splitlines()[-1])
+        return Egress(
+            bind=tuple(jail_bind_args(socket)),
+            launcher=tuple(with_forwarder([])),
+            environment=proxy_environment(),
+        )
 
     def limit_events(self) -> dict[str, int]:
         return {}
@@ -276,14 +363,45 @@ class SshSandbox:
 
 
 class SshProvider:
+    """``ro_binds`` and ``egress`` (the allowlist) apply to the remote host's jail."""
+
     name = "ssh"
 
-    def __init__(self, target: SshTarget, *, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        target: SshTarget,
+        *,
+        ro_binds: Sequence[str] = (),
+        egress: Sequence[str] = (),
+        limits: Limits | None = None,
+    ) -> None:
         if not target.root.startswith("/"):
             raise SandboxError("ssh sandbox root must be absolute", reason="bad-config")
         self.target = target
         self.limits = limits
         self.connection = SshConnection(target)
+        self.ro_binds = tuple(ro_binds)
+        self.egress = tuple(egress)
+        self._jail: RemoteJail | None = None
+        self._probed = False
+
+    def remote_jail(self) -> RemoteJail | None:
+        """The remote host's jail, or None where it has no bwrap; asked once per provider."""
+        if not self._probed:
+            done = self.connection.run("id -u && id -g && command -v bwrap", timeout=60)
+            words = done.stdout.decode(errors="replace").split()
+            if done.exit_code == 0 and len(words) == 3 and words[0].isdigit():
+                self._jail = RemoteJail(int(words[0]), int(words[1]), self.ro_binds, self.egress)
+            elif not (len(words) == 2 and words[0].isdigit()):
+                raise SandboxError(
+                    "cannot ask the ssh host for its user and bwrap: "
+                    + done.stderr.decode(errors="replace")[-300:],
+                    reason="ssh-failed",
+                    host=self.target.host,
+                )
+            self._probed = True
+            log.info("sandbox.ssh_jail", host=self.target.host, jailed=self._jail is not None)
+        return self._jail
 
     def close(self) -> None:
         self.connection.close()
@@ -322,7 +440,9 @@ class SshProvider:
         result = self.connection.run(
             f"test -d {root}/workspace && test -d {root}/journal", timeout=60
         )
-        return SshSandbox(ref, self.connection, self.limits) if result.exit_code == 0 else None
+        if result.exit_code != 0:
+            return None
+        return SshSandbox(ref, self.connection, self.remote_jail(), self.limits)
 
     def sweep(self) -> int:
         return 0
