@@ -8,6 +8,7 @@ the store is the same after every refused request as before it.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -25,6 +26,7 @@ import pytest
 
 from tests.driver.fleet import Fleet
 from tests.web.conftest import ApiKeys
+from tests.web.sse_client import Event, iter_events
 from turnkeeper.config import plain_postgres_url
 from turnkeeper.store.store import Store
 from turnkeeper.web.serve import free_port
@@ -429,3 +431,45 @@ def _open_when_freed(client: httpx.Client, url: str) -> None:
             assert response.status_code == 429
         assert time.monotonic() < deadline, "a closed stream never freed its slot"
         time.sleep(0.1)
+
+
+def test_revoking_a_key_ends_the_streams_it_has_open(target: Target, fleet: Fleet) -> None:
+    """Open streams are cut when their key is revoked, not when their run ends: one opened
+    with the key, one with the stream token it was given (counted for the run's owner)."""
+    with target.http(target.keys.alice) as alice, target.http() as anonymous:
+        slow = alice.post("/runs", json={"agent": SLOW, "prompt": "p", "run_id": "slow"})
+        assert slow.status_code == 201, slow.text
+        streams = [
+            iter_events(alice, "/runs/slow/events"),
+            iter_events(anonymous, slow.json()["stream_url"]),
+        ]
+        firsts = [_next_event(stream) for stream in streams]
+        assert [(e.id, e.chunk["type"]) for e in firsts] == [("1", "RUN_STARTED")] * 2
+        with Store(target.database_url, pool_size=1) as store:
+            store.revoke_key("alice")
+        for stream in streams:
+            last = _next_event(stream)
+            while last.event == "message":
+                last = _next_event(stream)
+            assert (last.event, json.loads(last.data)) == (
+                "log-error",
+                {
+                    "message": "the key 'alice' this stream counts against was revoked",
+                    "reason": "revoked-key",
+                    "status": 401,
+                },
+            )
+            assert list(stream) == []  # and the response ends there
+        # Cut while the run goes on (it has 200 turns to go): not a stream that simply ended.
+        assert fleet.client.require("slow").status.value == "running"
+        resumed = alice.get("/runs/slow/events", headers={"last-event-id": "1"})
+        assert (resumed.status_code, resumed.json()["reason"]) == (401, "invalid-key")
+    with target.http(target.keys.admin) as admin:
+        assert admin.post("/runs/slow/cancel").status_code == 200
+
+
+def _next_event(stream: Iterator[Event | str]) -> Event:
+    for item in stream:
+        if isinstance(item, Event):
+            return item
+    raise AssertionError("the stream ended without another event")

@@ -58,6 +58,7 @@ from turnkeeper.secret import STREAM_TOKENS, ServerSecret
 from turnkeeper.store.records import check_id
 from turnkeeper.web.edge import BodyLimit, OriginCheck, SecurityHeaders, redact_access_log
 from turnkeeper.web.metrics import WebMetrics
+from turnkeeper.web.revocation import RevocationWatch
 from turnkeeper.web.routes import api_router
 from turnkeeper.web.tokens import StreamTokens
 
@@ -105,6 +106,7 @@ class WebState:
     catalog: Catalog
     submit_rate: SubmitRate
     stream_slots: StreamSlots
+    revocations: RevocationWatch
 
     @classmethod
     def open(cls, settings: Settings) -> WebState:
@@ -128,9 +130,11 @@ class WebState:
             stream_slots=StreamSlots(
                 run_log.client, namespace=settings.namespace, cap=settings.max_streams_per_key
             ),
+            revocations=RevocationWatch(client.store),
         )
 
     async def aclose(self) -> None:
+        await self.revocations.stop()
         self.client.close()
         self.metrics.close()
         await self.run_log.aclose()
@@ -173,6 +177,7 @@ def create_app(settings: Settings | None = None, *, ping_seconds: float = 15.0) 
             resolved, _ = resolve_services(edge_settings, start=False)
         redact_access_log()
         app.state.web = WebState.open(resolved)
+        app.state.web.revocations.start()
         log.info("web.started", namespace=resolved.namespace)
         try:
             yield

@@ -8,6 +8,7 @@ run that does not exist.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -226,15 +227,20 @@ def _add_event_route(api: APIRouter, *, ping_seconds: float) -> None:
             metrics.open_streams.inc()
             renewer = None if slot is None else asyncio.create_task(renew_slot(*slot))
             try:
-                async for event in sse.events(
-                    state.run_log,
-                    run_id,
-                    after,
-                    on_first_event=metrics.first_event_seconds.observe,
-                ):
-                    if "id" in event:
-                        metrics.events_sent.inc()
-                    yield event
+                with contextlib.ExitStack() as watching:
+                    source = sse.events(
+                        state.run_log,
+                        run_id,
+                        after,
+                        on_first_event=metrics.first_event_seconds.observe,
+                    )
+                    if charged is not None:
+                        revoked = watching.enter_context(state.revocations.watch(charged))
+                        source = sse.until_revoked(source, revoked, charged)
+                    async for event in source:
+                        if "id" in event:
+                            metrics.events_sent.inc()
+                        yield event
             finally:
                 metrics.open_streams.dec()
                 if renewer is not None:
