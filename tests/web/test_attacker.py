@@ -179,19 +179,27 @@ def test_every_route_needs_a_live_key(target: Target, fleet: Fleet) -> None:
         "revoked": f"Bearer {target.revoked}",
         "another scheme": f"Basic {target.keys.alice}",
     }
-    reasons = {}
+    reasons, challenges = {}, {}
     for name, header in credentials.items():
         headers = {} if header is None else {"Authorization": header}
         with target.http(**headers) as client:
             for method, url, body in KEYED_ROUTES:
                 response = refused(target, client, method, url, 401, json=body)
-                assert response.headers["www-authenticate"].startswith('Bearer realm="turnkeeper"')
+                challenges[name, url] = response.headers["www-authenticate"]
                 reasons[name, url] = response.json()["reason"]
     assert {r for (name, _), r in reasons.items() if name == "none"} == {"missing-key", "missing"}
     assert {r for (name, _), r in reasons.items() if name in ("wrong", "not a key", "revoked")} == {
         "invalid-key"
     }
     assert {r for (name, _), r in reasons.items() if name == "another scheme"} == {"malformed-key"}
+    # RFC 6750 §3.1: no error code without a credential, invalid_request for a malformed one.
+    assert {(name, c) for (name, _), c in challenges.items()} == {
+        ("none", 'Bearer realm="turnkeeper"'),
+        ("wrong", 'Bearer realm="turnkeeper", error="invalid_token"'),
+        ("not a key", 'Bearer realm="turnkeeper", error="invalid_token"'),
+        ("revoked", 'Bearer realm="turnkeeper", error="invalid_token"'),
+        ("another scheme", 'Bearer realm="turnkeeper", error="invalid_request"'),
+    }
     # What needs no key: the health check and the dashboard's pages, which hold no data.
     with target.http() as anonymous:
         for url in ("/healthz", "/", "/login", "/static/common.js", f"/ui/runs/{V}"):
@@ -304,6 +312,14 @@ def test_the_edge_refuses_cross_site_foreign_hosts_big_bodies_and_odd_numbers(
             refused(target, alice, "POST", "/runs", 403, **form).json()["reason"] == "cross-origin"
         )
         refused(target, alice, "POST", f"/runs/{V}/cancel", 403, headers={"origin": "null"})
+        # Without Origin, Referer stands in for it; a sibling subdomain is another origin.
+        for headers in (
+            {"referer": "https://evil.example/page"},
+            {"referer": f"{target.base_url}.evil.example/"},
+            {"sec-fetch-site": "same-site"},
+        ):
+            response = refused(target, alice, "POST", f"/runs/{V}/cancel", 403, headers=headers)
+            assert response.json()["reason"] == "cross-origin", headers
         refused(
             target, alice, "POST", "/runs", 403,
             json={"agent": "scripted", "prompt": "x"}, headers={"sec-fetch-site": "cross-site"},
@@ -343,8 +359,43 @@ def test_the_edge_refuses_cross_site_foreign_hosts_big_bodies_and_odd_numbers(
         refused(
             target, alice, "GET", victim["stream_url"], 400, headers={"last-event-id": "³".encode()}
         )
-        # A same-origin browser request passes the Origin check.
+        # JSON's escapes of lone surrogates, which no UTF-8 store can hold, anywhere in a body.
+        lone = "a\ud800"
+        for body in (
+            {"agent": "scripted", "prompt": lone},
+            {"agent": "scripted", "prompt": "p", "run_id": lone},
+            {"agent": "scripted", "prompt": "p", "session_id": lone},
+            {"agent": "scripted", "prompt": "p", "env": {"CANARY": lone}},
+            {"agent": {"command": ["echo", lone], "format": "text"}, "prompt": "p"},
+        ):
+            raw = json.dumps(body).encode()  # ASCII: the surrogate is a \ud800 escape
+            response = refused(
+                target, alice, "POST", "/runs", 400,
+                content=raw, headers={"content-type": "application/json"},
+            )  # fmt: skip
+            assert response.json() == {
+                "error": "a string of the body holds a lone UTF-16 surrogate",
+                "reason": "invalid-request",
+            }
+        # Errors of the framework itself have the same shape as ours.
+        assert refused(target, alice, "DELETE", "/runs", 405).json() == {
+            "error": "Method Not Allowed",
+            "reason": "method-not-allowed",
+        }
+        assert refused(target, alice, "GET", "/nowhere", 404).json()["reason"] == "not-found"
+        unparsable = refused(
+            target, alice, "POST", "/runs", 400,
+            content=b'{"agent": "scripted", "prompt": "\xff"}',
+            headers={"content-type": "application/json"},
+        )  # fmt: skip
+        assert unparsable.json()["reason"] == "invalid-request"
+        # A same-origin browser request passes the Origin check, and so does its Referer.
         same = alice.post(f"/runs/{V}/cancel", headers={"origin": target.base_url})
+        assert same.status_code == 200
+        same = alice.post(
+            f"/runs/{V}/cancel",
+            headers={"referer": f"{target.base_url}/ui/runs/{V}", "sec-fetch-site": "same-origin"},
+        )
         assert same.status_code == 200
     with target.http(target.keys.alice) as alice:
         for response in (alice.get("/"), alice.get("/runs"), too_large):

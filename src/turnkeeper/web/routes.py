@@ -18,7 +18,8 @@ import structlog
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -60,6 +61,34 @@ class SubmitRequest(BaseModel):
     provider: Literal["local", "bwrap", "ssh"] | None = None
     max_attempts: int | None = Field(default=None, ge=1)
     timeout: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _utf8_only(cls, data: Any) -> Any:
+        """JSON's ``\\ud800`` escapes decode to lone surrogates, which no UTF-8 store,
+        log or sandbox can hold: refused here, with every other malformed body."""
+        if _has_lone_surrogate(data):
+            raise PydanticCustomError(
+                "lone_surrogate", "a string of the body holds a lone UTF-16 surrogate"
+            )
+        return data
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether a decoded JSON value holds a string (or key) UTF-8 cannot encode."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            pending += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            pending += item
+    return False
 
 
 def parse_count(raw: str | None, name: str, *, default: int, most: int) -> int:
