@@ -80,3 +80,5 @@ class RevocationWatch:
                 await self.check()
             except TurnkeeperError as exc:  # the store is away: look again next time
                 log.warning("web.revocation.check_failed", error=str(exc))
+            except Exception:  # the watch outlives any one failed look
+                log.exception("web.revocation.check_crashed")

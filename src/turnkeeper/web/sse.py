@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from typing import Any
 
+import anyio
 import orjson
 import structlog
 
@@ -138,12 +139,16 @@ async def until_revoked(
                 return
             yield event
     finally:
-        stop.cancel()
-        if step is not None and not step.done():
-            step.cancel()
-            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                await step
-        await source.aclose()
+        # Shielded: a client that went away cancels the stream, and anyio delivers that
+        # cancellation again at every await of this cleanup, which must still see the
+        # pending read finish before the source can be closed.
+        with anyio.CancelScope(shield=True):
+            stop.cancel()
+            if step is not None and not step.done():
+                step.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                    await step
+            await source.aclose()
 
 
 def parse_stream(lines: Iterable[str]) -> Iterator[tuple[str | None, str, str]]:
