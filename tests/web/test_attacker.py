@@ -8,9 +8,11 @@ the store is the same after every refused request as before it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -322,7 +324,7 @@ def test_the_catalog_and_the_settings_only_tighten(target: Target, fleet: Fleet)
 def test_the_edge_refuses_cross_site_foreign_hosts_big_bodies_and_odd_numbers(
     target: Target, fleet: Fleet
 ) -> None:
-    victim = _victim(target, fleet)
+    _victim(target, fleet)
     form = {
         "content": b"agent=scripted&prompt=x",
         "headers": {
@@ -352,12 +354,20 @@ def test_the_edge_refuses_cross_site_foreign_hosts_big_bodies_and_odd_numbers(
             target, alice, "POST", "/runs", 400,
             content=b'{"agent": "scripted", "prompt": "x"}', headers={"content-type": "text/plain"},
         )  # fmt: skip
-        for url in ("/runs", "/healthz", f"/runs/{V}"):
-            refused(target, alice, "GET", url, 400, headers={"host": "evil.example"})
-        refused(
-            target, alice, "POST", "/runs", 400,
-            json={"agent": "scripted", "prompt": "x"}, headers={"host": "evil.example:80"},
-        )  # fmt: skip
+        # Every route, keyed or not, behind a foreign Host header; every state-changing
+        # one from another origin's form and with a body over the limit.
+        public = [("GET", url, None) for url in ("/healthz", "/", "/login", "/static/common.js")]
+        for method, url, body in KEYED_ROUTES + public:
+            response = refused(
+                target, alice, method, url, 400, json=body, headers={"host": "evil.example:80"}
+            )
+            assert response.text == "Invalid host header", url
+            if method == "POST":
+                refused(target, alice, method, url, 403, **form)
+                refused(
+                    target, alice, method, url, 413,
+                    json={"agent": "scripted", "prompt": "x" * (1024 * 1024)},
+                )  # fmt: skip
         big = {"agent": "scripted", "prompt": "x" * (1024 * 1024)}
         too_large = refused(target, alice, "POST", "/runs", 413, json=big)
         assert too_large.json()["reason"] == "body-too-large"
@@ -372,16 +382,6 @@ def test_the_edge_refuses_cross_site_foreign_hosts_big_bodies_and_odd_numbers(
             target, alice, "POST", "/runs", 413,
             content=chunks(), headers={"content-type": "application/json"},
         )  # fmt: skip
-        for limit in ("1000000000", "1001", "0", "²", "\u0661\u0660", "1_000", "+5", "-1"):
-            response = refused(target, alice, "GET", "/runs", 400, params={"limit": limit})
-            assert response.json()["reason"] == "invalid-limit", limit
-        assert alice.get("/runs", params={"limit": "1000"}).status_code == 200
-        for offset in ("²", "\u0661", "1.0", "0x1"):
-            response = alice.get(victim["stream_url"], params={"offset": offset})
-            assert response.status_code == 400, offset
-        refused(
-            target, alice, "GET", victim["stream_url"], 400, headers={"last-event-id": "³".encode()}
-        )
         # JSON's escapes of lone surrogates, which no UTF-8 store can hold, anywhere in a body.
         lone = "a\ud800"
         for body in (
@@ -540,6 +540,62 @@ def test_revoking_a_key_ends_the_streams_it_has_open(target: Target, fleet: Flee
         assert (resumed.status_code, resumed.json()["reason"]) == (401, "invalid-key")
     with target.http(target.keys.admin) as admin:
         assert admin.post("/runs/slow/cancel").status_code == 200
+
+
+def test_numbers_are_ascii_digits_only_and_bounded(target: Target, fleet: Fleet) -> None:
+    """Every number a request carries: ``limit``, ``offset`` (of a keyed stream and of a
+    token's), ``Last-Event-ID``, ``Content-Length``."""
+    victim = _victim(target, fleet)
+    with target.http(target.keys.alice) as alice:
+        for limit in ("1000000000", "1001", "0", "²", "\u0661\u0660", "1_000", "+5", "-1"):
+            response = refused(target, alice, "GET", "/runs", 400, params={"limit": limit})
+            assert response.json()["reason"] == "invalid-limit", limit
+        assert alice.get("/runs", params={"limit": "1000"}).status_code == 200
+        other_digits = (
+            "²",
+            "\u0661",
+            "\u06f1",
+            "\uff11",
+            "\u0967",
+            "\u2460",
+        )  # superscript, Arabic-Indic, Persian, fullwidth, Devanagari, circled
+        for offset in (*other_digits, "1.0", "0x1", "-1", "+1", "1_0", str(2**53 + 1)):
+            for url in (victim["stream_url"], f"/runs/{V}/events"):
+                response = refused(target, alice, "GET", url, 400, params={"offset": offset})
+                assert response.json()["reason"] == "invalid-offset", offset
+            header = {"last-event-id": offset.encode()}
+            response = refused(target, alice, "GET", victim["stream_url"], 400, headers=header)
+            assert response.json()["reason"] == "invalid-offset", offset
+        for limit in other_digits:
+            response = refused(target, alice, "GET", "/runs", 400, params={"limit": limit})
+            assert response.json()["reason"] == "invalid-limit", limit
+        # A Content-Length that lies (says 40, sends 2 MB) or is not ASCII digits: HTTP
+        # itself refuses it; nothing reaches the store.
+        before = snapshot(target.database_url)
+        for length, body in ((b"40", b'{"prompt": "' + b"x" * 2_000_000), ("¹⁰".encode(), b"{}")):
+            status_line = _raw_post(target, alice_key=target.keys.alice, length=length, body=body)
+            assert status_line == b"HTTP/1.1 400 Bad Request", length
+        assert snapshot(target.database_url) == before
+
+
+def _raw_post(target: Target, *, alice_key: str, length: bytes, body: bytes) -> bytes:
+    """POST /runs over a bare socket with the given Content-Length; the status line."""
+    host, port = target.base_url.removeprefix("http://").split(":")
+    head = (
+        f"POST /runs HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {alice_key}\r\n"
+        "Content-Type: application/json\r\n"
+    ).encode()
+    with socket.create_connection((host, int(port)), timeout=60) as conn:
+        # The server may answer and close before the body is all sent.
+        with contextlib.suppress(OSError):
+            conn.sendall(head + b"Content-Length: " + length + b"\r\n\r\n" + body)
+        answer = b""
+        while b"\r\n" not in answer:
+            part = conn.recv(4096)
+            if not part:
+                break
+            answer += part
+    return answer.split(b"\r\n", 1)[0]
 
 
 def _next_event(stream: Iterator[Event | str]) -> Event:
