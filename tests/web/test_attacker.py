@@ -15,8 +15,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -603,3 +606,44 @@ def _next_event(stream: Iterator[Event | str]) -> Event:
         if isinstance(item, Event):
             return item
     raise AssertionError("the stream ended without another event")
+
+
+def test_max_running_holds_under_racing_submits(target: Target, fleet: Fleet) -> None:
+    """Sixteen submissions of one key at once (max_running 1): one run, and 429s with
+    Retry-After for the rest (the submit rate's burst of BURST lets BURST of them race
+    to the admission transaction)."""
+    racers = 16
+    start = threading.Barrier(racers)
+
+    def submit(n: int) -> tuple[int, str, str]:
+        with target.http(target.carol) as carol:
+            start.wait()
+            response = carol.post(
+                "/runs", json={"agent": SLOW, "prompt": "p", "run_id": f"race-{n}"}
+            )
+        if response.status_code == 201:
+            return 201, "admitted", ""
+        reason = response.json()["reason"]
+        retry_after = response.headers["retry-after"]
+        # The rate's wait is the bucket's refill time (a minute for one), to the second.
+        return (
+            429,
+            reason,
+            "1..60" if 1 <= int(retry_after) <= 60 and reason == "submit-rate" else retry_after,
+        )
+
+    before = snapshot(target.database_url)
+    with ThreadPoolExecutor(racers) as pool:
+        outcomes = Counter(pool.map(submit, range(racers)))
+    assert outcomes == Counter(
+        {
+            (201, "admitted", ""): 1,
+            (429, "max-running", "10"): BURST - 1,
+            (429, "submit-rate", "1..60"): racers - BURST,
+        }
+    )
+    assert snapshot(target.database_url) != before
+    runs = fleet.client.list_runs(key_name="carol", limit=100)
+    assert [run.run_id.startswith("race-") for run in runs] == [True]
+    with target.http(target.keys.admin) as admin:
+        assert admin.post(f"/runs/{runs[0].run_id}/cancel").status_code == 200
