@@ -5,9 +5,11 @@ stamps each with time.perf_counter_ns(); readers in the same process note when
 the event arrives. Ours: `turnkeeper web` (a separate uvicorn process) serving
 /runs/{id}/events to httpx clients. The plain alternative: the same readers
 doing XREAD BLOCK on Redis directly (no HTTP, no SSE, no token, no store check).
-With 1 and with 200 concurrent streams. The hop before this one (agent line ->
-journal -> reader) is bench/journal_latency.py; the driver adds its translate
-and append on top.
+Ours twice: runs of a trusted client (no key), and runs owned by an API key,
+whose streams also hold a slot of the key's stream quota and are watched for the
+key's revocation (turnkeeper.web.revocation). With 1 and with 200 concurrent
+streams. The hop before this one (agent line -> journal -> reader) is
+bench/journal_latency.py; the driver adds its translate and append on top.
 
     .venv/bin/python bench/sse_latency.py [--quick]
 
@@ -44,6 +46,13 @@ from turnkeeper.store.store import Store
 from turnkeeper.web.serve import free_port
 from turnkeeper.web.sse import parse_stream
 from turnkeeper.web.tokens import StreamTokens
+
+BENCH_KEY = "bench"
+LABELS = {
+    "direct": "Redis XREAD (plain)",
+    "sse": "SSE, no key",
+    "sse-key": "SSE, key-owned runs",
+}
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
@@ -93,7 +102,14 @@ async def measure(  # noqa: PLR0917 - one call site, read as a table row
     runs = [f"bench-{tag}-{i}" for i in range(streams)]
     with Store(settings.require_database_url(), pool_size=2) as store:
         for run_id in runs:
-            store.admit_run(run_id, run_id, {"bench": True}, max_attempts=1, deadline=600)
+            store.admit_run(
+                run_id,
+                run_id,
+                {"bench": True},
+                max_attempts=1,
+                deadline=600,
+                key_name=BENCH_KEY if mode == "sse-key" else None,
+            )
     log = RunLog.from_settings(settings)
     for run_id in runs:
         log.fence(run_id, 1)
@@ -109,7 +125,7 @@ async def measure(  # noqa: PLR0917 - one call site, read as a table row
 
     thread = threading.Thread(target=writer, args=(log, runs, rounds, gap, ready))
     thread.start()
-    if mode == "sse":
+    if mode in ("sse", "sse-key"):
         secret = settings.secret.get_secret_value().encode()  # type: ignore[union-attr]
         tokens = StreamTokens(ServerSecret(secret).subkey(STREAM_TOKENS), 600)
         limits = httpx.Limits(max_connections=streams + 10)
@@ -136,6 +152,8 @@ def scratch_database(url: str) -> tuple[str, str]:
         conn.execute(f'CREATE DATABASE "{name}"')
     scratch = make_url(admin).set(database=name).render_as_string(hide_password=False)
     migration.upgrade(scratch)
+    with Store(scratch, pool_size=1) as store:
+        store.create_key(BENCH_KEY)
     return admin, name
 
 
@@ -162,6 +180,7 @@ def main() -> None:
         TURNKEEPER_NAMESPACE=settings.namespace,
         TURNKEEPER_SECRET=settings.secret.get_secret_value(),  # type: ignore[union-attr]
         TURNKEEPER_LOG_LEVEL="WARNING",
+        TURNKEEPER_MAX_STREAMS_PER_KEY="1000",
     )
     web = subprocess.Popen(
         [sys.executable, "-m", "turnkeeper", "web", "--port", str(port)],
@@ -183,18 +202,19 @@ def main() -> None:
         print(f"{'streams':>7} {'reader':<22} {'events':>7} {'p50 ms':>8} {'p99 ms':>8}")
         for streams, rounds, gap in plans:
             results = {}
-            for mode in ("direct", "sse"):
+            for mode, label in LABELS.items():
                 samples = asyncio.run(measure(mode, settings, base_url, streams, rounds, gap))
                 assert len(samples) == streams * rounds, (mode, len(samples))
                 results[mode] = percentiles(samples)
-                label = "Redis XREAD (plain)" if mode == "direct" else "SSE via turnkeeper web"
                 p50, p99 = results[mode]
                 print(f"{streams:>7} {label:<22} {len(samples):>7} {p50:>8.2f} {p99:>8.2f}")
-            (d50, d99), (s50, s99) = results["direct"], results["sse"]
-            print(
-                f"{streams:>7} {'ratio sse/plain':<22} {'':>7} "
-                f"{s50 / d50:>7.1f}x {s99 / d99:>7.1f}x"
-            )
+            d50, d99 = results["direct"]
+            for mode in ("sse", "sse-key"):
+                s50, s99 = results[mode]
+                print(
+                    f"{streams:>7} {'ratio ' + mode + '/plain':<22} {'':>7} "
+                    f"{s50 / d50:>7.1f}x {s99 / d99:>7.1f}x"
+                )
     finally:
         web.terminate()
         web.wait(timeout=30)

@@ -61,6 +61,41 @@ def test_keys_create_list_revoke(database_url: str, redis_url: str, tmp_path: Pa
         assert result.stderr.count("\n") == 1, result.stderr
 
 
+def test_keys_list_cuts_nothing_on_80_columns(
+    database_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """Long names, every scope and the last use, whole on a narrow terminal (folded, never
+    cut with an ellipsis: a name is what `keys revoke` takes)."""
+    env = service_env(database_url, redis_url, tmp_path)
+    long_name = "n" * 64
+    for args in (["alice", "--allow-commands", "--max-running", "3"], [long_name, "--admin",
+                 "--allow-commands"]):  # fmt: skip
+        created = run(["keys", "create", *args], env)
+        assert created.returncode == 0, created.stderr
+    with Store(database_url, pool_size=1) as store:
+        assert store.authenticate_key(created.stdout.splitlines()[-1]) is not None
+        used = store.list_keys()[-1].last_used_at
+    assert used is not None
+    listed = run(["keys", "list"], {**env, "COLUMNS": "80"})
+    assert listed.returncode == 0, listed.stderr
+    assert "…" not in listed.stdout
+    keys: list[list[str]] = []
+    for line in listed.stdout.splitlines():
+        if not line.startswith("│"):
+            continue
+        row = [cell.strip() for cell in line.strip("│").split("│")]
+        if row[3].startswith("20"):  # a key's first line: its creation date starts
+            keys.append(row)
+        else:  # a folded cell goes on: spaces where it was folded are left out below
+            keys[-1] = [a + b for a, b in zip(keys[-1], row, strict=True)]
+    rows = {row[0]: [cell.replace(" ", "") for cell in row] for row in keys}
+    assert set(rows) == {"alice", long_name}
+    assert rows[long_name][1:3] == ["admin,commands", "-"]
+    assert rows[long_name][4] == used.strftime("%Y-%m-%d%H:%M:%SZ")
+    assert rows["alice"][1:3] == ["commands", "3"]
+    assert rows["alice"][4:] == ["-", "-"]
+
+
 def test_submit_on_behalf_of_a_key(database_url: str, redis_url: str, tmp_path: Path) -> None:
     env = {**service_env(database_url, redis_url, tmp_path), "TURNKEEPER_SECRET": TEST_SECRET}
     assert run(["keys", "create", "bob"], env).returncode == 0

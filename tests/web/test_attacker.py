@@ -8,12 +8,18 @@ the store is the same after every refused request as before it.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,9 +28,11 @@ from urllib.parse import quote
 import httpx
 import psycopg
 import pytest
+from psycopg import sql
 
 from tests.driver.fleet import Fleet
 from tests.web.conftest import ApiKeys
+from tests.web.sse_client import Event, iter_events
 from turnkeeper.config import plain_postgres_url
 from turnkeeper.store.store import Store
 from turnkeeper.web.serve import free_port
@@ -114,23 +122,42 @@ def _wait_healthy(base_url: str, proc: subprocess.Popen[bytes], log: Path) -> No
     raise AssertionError(f"turnkeeper web never answered:\n{log.read_text()}")
 
 
+# Bookkeeping that moves by itself: leases, the reaper's sandbox references, a key's
+# last use, a session's leaf as its runs commit turns.
+_VOLATILE = {
+    "runs": ("updated_at", "lease_expires_at", "sandbox_ref", "dispatched_at", "started_at",
+             "finished_at", "owner", "attempt_id"),
+    "sessions": ("updated_at", "leaf_id", "version"),
+    "api_keys": ("last_used_at",),
+}  # fmt: skip
+_UNSETTLED = "SELECT 1 FROM runs u WHERE u.run_id = t.run_id AND u.status IN ('queued', 'running')"
+
+
 def snapshot(database_url: str) -> dict[str, list[str]]:
-    """What a request could change, without the bookkeeping that moves by itself
-    (leases, the reaper's sandbox references, a key's last use)."""
-    queries = {
-        "runs": "SELECT to_jsonb(r) - 'updated_at' - 'lease_expires_at' - 'sandbox_ref' "
-        "- 'dispatched_at' - 'started_at' - 'finished_at' - 'owner' - 'attempt_id' "
-        "FROM runs r ORDER BY seq",
-        "sessions": "SELECT to_jsonb(s) - 'updated_at' - 'leaf_id' - 'version' "
-        "FROM sessions s ORDER BY session_id",
-        "api_keys": "SELECT to_jsonb(k) - 'last_used_at' FROM api_keys k ORDER BY name",
-        "receipts": "SELECT to_jsonb(x) FROM run_receipts x ORDER BY run_id",
-    }
+    """Every table of the store, row by row: what a refused request must not change.
+    Rows of other tables that belong to an unsettled run move with it, so they are left
+    out while it runs (its own row stays in, without its bookkeeping)."""
     with psycopg.connect(plain_postgres_url(database_url)) as conn:
-        return {
-            name: [str(row[0]) for row in conn.execute(sql).fetchall()]  # type: ignore[arg-type]
-            for name, sql in queries.items()
-        }
+        columns: dict[str, set[str]] = {}
+        for table, column in conn.execute(
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name <> 'alembic_version'"
+        ).fetchall():
+            columns.setdefault(table, set()).add(column)
+        assert {"runs", "sessions", "api_keys", "transcript_entries", "turn_slots"} <= set(columns)
+        tables = {}
+        for table, names in sorted(columns.items()):
+            row = sql.SQL("to_jsonb(t)")
+            for name in _VOLATILE.get(table, ()):
+                row = sql.SQL("{} - {}").format(row, sql.Literal(name))
+            where = sql.SQL(" WHERE NOT EXISTS ({})").format(sql.SQL(_UNSETTLED))
+            query = sql.SQL("SELECT ({})::text FROM {} t{} ORDER BY 1").format(
+                row,
+                sql.Identifier(table),
+                where if table != "runs" and "run_id" in names else sql.SQL(""),
+            )
+            tables[table] = [str(r[0]) for r in conn.execute(query).fetchall()]
+        return tables
 
 
 def refused(
@@ -177,19 +204,27 @@ def test_every_route_needs_a_live_key(target: Target, fleet: Fleet) -> None:
         "revoked": f"Bearer {target.revoked}",
         "another scheme": f"Basic {target.keys.alice}",
     }
-    reasons = {}
+    reasons, challenges = {}, {}
     for name, header in credentials.items():
         headers = {} if header is None else {"Authorization": header}
         with target.http(**headers) as client:
             for method, url, body in KEYED_ROUTES:
                 response = refused(target, client, method, url, 401, json=body)
-                assert response.headers["www-authenticate"].startswith('Bearer realm="turnkeeper"')
+                challenges[name, url] = response.headers["www-authenticate"]
                 reasons[name, url] = response.json()["reason"]
     assert {r for (name, _), r in reasons.items() if name == "none"} == {"missing-key", "missing"}
     assert {r for (name, _), r in reasons.items() if name in ("wrong", "not a key", "revoked")} == {
         "invalid-key"
     }
     assert {r for (name, _), r in reasons.items() if name == "another scheme"} == {"malformed-key"}
+    # RFC 6750 §3.1: no error code without a credential, invalid_request for a malformed one.
+    assert {(name, c) for (name, _), c in challenges.items()} == {
+        ("none", 'Bearer realm="turnkeeper"'),
+        ("wrong", 'Bearer realm="turnkeeper", error="invalid_token"'),
+        ("not a key", 'Bearer realm="turnkeeper", error="invalid_token"'),
+        ("revoked", 'Bearer realm="turnkeeper", error="invalid_token"'),
+        ("another scheme", 'Bearer realm="turnkeeper", error="invalid_request"'),
+    }
     # What needs no key: the health check and the dashboard's pages, which hold no data.
     with target.http() as anonymous:
         for url in ("/healthz", "/", "/login", "/static/common.js", f"/ui/runs/{V}"):
@@ -267,15 +302,18 @@ def test_the_catalog_and_the_settings_only_tighten(target: Target, fleet: Fleet)
         for extra, status, reason in cases:
             response = refused(target, bob, "POST", "/runs", status, json={"prompt": "p", **extra})
             assert response.json()["reason"] == reason, extra
-        # Tightening is accepted, and what is stored is what was asked.
+        # Tightening is accepted, and what is stored is what was asked (and the
+        # snapshot sees it: it is not blind to what a request writes).
+        before = snapshot(target.database_url)
         ok = bob.post(
             "/runs",
             json={"agent": "strict", "prompt": "p", "run_id": "tight", "provider": "bwrap",
                   "timeout": 30, "max_attempts": 1},
         )  # fmt: skip
         assert ok.status_code == 201, ok.text
+        assert snapshot(target.database_url) != before
         assert bob.post(f"/runs/{quote('tight')}/cancel").status_code == 200
-    run = fleet.client.require("tight")
+    run = fleet.wait_settled("tight")  # the store holds still while the next one is refused
     assert (run.max_attempts, run.key_name, run.payload["provider"]) == (1, "bob", "bwrap")
     assert 29 <= (run.deadline - run.created_at).total_seconds() <= 30  # type: ignore[operator]
     with target.http(target.keys.alice) as alice:
@@ -289,7 +327,7 @@ def test_the_catalog_and_the_settings_only_tighten(target: Target, fleet: Fleet)
 def test_the_edge_refuses_cross_site_foreign_hosts_big_bodies_and_odd_numbers(
     target: Target, fleet: Fleet
 ) -> None:
-    victim = _victim(target, fleet)
+    _victim(target, fleet)
     form = {
         "content": b"agent=scripted&prompt=x",
         "headers": {
@@ -302,6 +340,14 @@ def test_the_edge_refuses_cross_site_foreign_hosts_big_bodies_and_odd_numbers(
             refused(target, alice, "POST", "/runs", 403, **form).json()["reason"] == "cross-origin"
         )
         refused(target, alice, "POST", f"/runs/{V}/cancel", 403, headers={"origin": "null"})
+        # Without Origin, Referer stands in for it; a sibling subdomain is another origin.
+        for headers in (
+            {"referer": "https://evil.example/page"},
+            {"referer": f"{target.base_url}.evil.example/"},
+            {"sec-fetch-site": "same-site"},
+        ):
+            response = refused(target, alice, "POST", f"/runs/{V}/cancel", 403, headers=headers)
+            assert response.json()["reason"] == "cross-origin", headers
         refused(
             target, alice, "POST", "/runs", 403,
             json={"agent": "scripted", "prompt": "x"}, headers={"sec-fetch-site": "cross-site"},
@@ -311,12 +357,20 @@ def test_the_edge_refuses_cross_site_foreign_hosts_big_bodies_and_odd_numbers(
             target, alice, "POST", "/runs", 400,
             content=b'{"agent": "scripted", "prompt": "x"}', headers={"content-type": "text/plain"},
         )  # fmt: skip
-        for url in ("/runs", "/healthz", f"/runs/{V}"):
-            refused(target, alice, "GET", url, 400, headers={"host": "evil.example"})
-        refused(
-            target, alice, "POST", "/runs", 400,
-            json={"agent": "scripted", "prompt": "x"}, headers={"host": "evil.example:80"},
-        )  # fmt: skip
+        # Every route, keyed or not, behind a foreign Host header; every state-changing
+        # one from another origin's form and with a body over the limit.
+        public = [("GET", url, None) for url in ("/healthz", "/", "/login", "/static/common.js")]
+        for method, url, body in KEYED_ROUTES + public:
+            response = refused(
+                target, alice, method, url, 400, json=body, headers={"host": "evil.example:80"}
+            )
+            assert response.text == "Invalid host header", url
+            if method == "POST":
+                refused(target, alice, method, url, 403, **form)
+                refused(
+                    target, alice, method, url, 413,
+                    json={"agent": "scripted", "prompt": "x" * (1024 * 1024)},
+                )  # fmt: skip
         big = {"agent": "scripted", "prompt": "x" * (1024 * 1024)}
         too_large = refused(target, alice, "POST", "/runs", 413, json=big)
         assert too_large.json()["reason"] == "body-too-large"
@@ -331,18 +385,43 @@ def test_the_edge_refuses_cross_site_foreign_hosts_big_bodies_and_odd_numbers(
             target, alice, "POST", "/runs", 413,
             content=chunks(), headers={"content-type": "application/json"},
         )  # fmt: skip
-        for limit in ("1000000000", "1001", "0", "²", "\u0661\u0660", "1_000", "+5", "-1"):
-            response = refused(target, alice, "GET", "/runs", 400, params={"limit": limit})
-            assert response.json()["reason"] == "invalid-limit", limit
-        assert alice.get("/runs", params={"limit": "1000"}).status_code == 200
-        for offset in ("²", "\u0661", "1.0", "0x1"):
-            response = alice.get(victim["stream_url"], params={"offset": offset})
-            assert response.status_code == 400, offset
-        refused(
-            target, alice, "GET", victim["stream_url"], 400, headers={"last-event-id": "³".encode()}
-        )
-        # A same-origin browser request passes the Origin check.
+        # JSON's escapes of lone surrogates, which no UTF-8 store can hold, anywhere in a body.
+        lone = "a\ud800"
+        for body in (
+            {"agent": "scripted", "prompt": lone},
+            {"agent": "scripted", "prompt": "p", "run_id": lone},
+            {"agent": "scripted", "prompt": "p", "session_id": lone},
+            {"agent": "scripted", "prompt": "p", "env": {"CANARY": lone}},
+            {"agent": {"command": ["echo", lone], "format": "text"}, "prompt": "p"},
+        ):
+            raw = json.dumps(body).encode()  # ASCII: the surrogate is a \ud800 escape
+            response = refused(
+                target, alice, "POST", "/runs", 400,
+                content=raw, headers={"content-type": "application/json"},
+            )  # fmt: skip
+            assert response.json() == {
+                "error": "a string of the body holds a lone UTF-16 surrogate",
+                "reason": "invalid-request",
+            }
+        # Errors of the framework itself have the same shape as ours.
+        assert refused(target, alice, "DELETE", "/runs", 405).json() == {
+            "error": "Method Not Allowed",
+            "reason": "method-not-allowed",
+        }
+        assert refused(target, alice, "GET", "/nowhere", 404).json()["reason"] == "not-found"
+        unparsable = refused(
+            target, alice, "POST", "/runs", 400,
+            content=b'{"agent": "scripted", "prompt": "\xff"}',
+            headers={"content-type": "application/json"},
+        )  # fmt: skip
+        assert unparsable.json()["reason"] == "invalid-request"
+        # A same-origin browser request passes the Origin check, and so does its Referer.
         same = alice.post(f"/runs/{V}/cancel", headers={"origin": target.base_url})
+        assert same.status_code == 200
+        same = alice.post(
+            f"/runs/{V}/cancel",
+            headers={"referer": f"{target.base_url}/ui/runs/{V}", "sec-fetch-site": "same-origin"},
+        )
         assert same.status_code == 200
     with target.http(target.keys.alice) as alice:
         for response in (alice.get("/"), alice.get("/runs"), too_large):
@@ -429,3 +508,142 @@ def _open_when_freed(client: httpx.Client, url: str) -> None:
             assert response.status_code == 429
         assert time.monotonic() < deadline, "a closed stream never freed its slot"
         time.sleep(0.1)
+
+
+def test_revoking_a_key_ends_the_streams_it_has_open(target: Target, fleet: Fleet) -> None:
+    """Open streams are cut when their key is revoked, not when their run ends: one opened
+    with the key, one with the stream token it was given (counted for the run's owner)."""
+    with target.http(target.keys.alice) as alice, target.http() as anonymous:
+        slow = alice.post("/runs", json={"agent": SLOW, "prompt": "p", "run_id": "slow"})
+        assert slow.status_code == 201, slow.text
+        streams = [
+            iter_events(alice, "/runs/slow/events"),
+            iter_events(anonymous, slow.json()["stream_url"]),
+        ]
+        firsts = [_next_event(stream) for stream in streams]
+        assert [(e.id, e.chunk["type"]) for e in firsts] == [("1", "RUN_STARTED")] * 2
+        with Store(target.database_url, pool_size=1) as store:
+            store.revoke_key("alice")
+        for stream in streams:
+            last = _next_event(stream)
+            while last.event == "message":
+                last = _next_event(stream)
+            assert (last.event, json.loads(last.data)) == (
+                "log-error",
+                {
+                    "message": "the key 'alice' this stream counts against was revoked",
+                    "reason": "revoked-key",
+                    "status": 401,
+                },
+            )
+            assert list(stream) == []  # and the response ends there
+        # Cut while the run goes on (it has 200 turns to go): not a stream that simply ended.
+        assert fleet.client.require("slow").status.value == "running"
+        resumed = alice.get("/runs/slow/events", headers={"last-event-id": "1"})
+        assert (resumed.status_code, resumed.json()["reason"]) == (401, "invalid-key")
+    with target.http(target.keys.admin) as admin:
+        assert admin.post("/runs/slow/cancel").status_code == 200
+
+
+def test_numbers_are_ascii_digits_only_and_bounded(target: Target, fleet: Fleet) -> None:
+    """Every number a request carries: ``limit``, ``offset`` (of a keyed stream and of a
+    token's), ``Last-Event-ID``, ``Content-Length``."""
+    victim = _victim(target, fleet)
+    with target.http(target.keys.alice) as alice:
+        for limit in ("1000000000", "1001", "0", "²", "\u0661\u0660", "1_000", "+5", "-1"):
+            response = refused(target, alice, "GET", "/runs", 400, params={"limit": limit})
+            assert response.json()["reason"] == "invalid-limit", limit
+        assert alice.get("/runs", params={"limit": "1000"}).status_code == 200
+        other_digits = (
+            "²",
+            "\u0661",
+            "\u06f1",
+            "\uff11",
+            "\u0967",
+            "\u2460",
+        )  # superscript, Arabic-Indic, Persian, fullwidth, Devanagari, circled
+        for offset in (*other_digits, "1.0", "0x1", "-1", "+1", "1_0", str(2**53 + 1)):
+            for url in (victim["stream_url"], f"/runs/{V}/events"):
+                response = refused(target, alice, "GET", url, 400, params={"offset": offset})
+                assert response.json()["reason"] == "invalid-offset", offset
+            header = {"last-event-id": offset.encode()}
+            response = refused(target, alice, "GET", victim["stream_url"], 400, headers=header)
+            assert response.json()["reason"] == "invalid-offset", offset
+        for limit in other_digits:
+            response = refused(target, alice, "GET", "/runs", 400, params={"limit": limit})
+            assert response.json()["reason"] == "invalid-limit", limit
+        # A Content-Length that lies (says 40, sends 2 MB) or is not ASCII digits: HTTP
+        # itself refuses it; nothing reaches the store.
+        before = snapshot(target.database_url)
+        for length, body in ((b"40", b'{"prompt": "' + b"x" * 2_000_000), ("¹⁰".encode(), b"{}")):
+            status_line = _raw_post(target, alice_key=target.keys.alice, length=length, body=body)
+            assert status_line == b"HTTP/1.1 400 Bad Request", length
+        assert snapshot(target.database_url) == before
+
+
+def _raw_post(target: Target, *, alice_key: str, length: bytes, body: bytes) -> bytes:
+    """POST /runs over a bare socket with the given Content-Length; the status line."""
+    host, port = target.base_url.removeprefix("http://").split(":")
+    head = (
+        f"POST /runs HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {alice_key}\r\n"
+        "Content-Type: application/json\r\n"
+    ).encode()
+    with socket.create_connection((host, int(port)), timeout=60) as conn:
+        # The server may answer and close before the body is all sent.
+        with contextlib.suppress(OSError):
+            conn.sendall(head + b"Content-Length: " + length + b"\r\n\r\n" + body)
+        answer = b""
+        while b"\r\n" not in answer:
+            part = conn.recv(4096)
+            if not part:
+                break
+            answer += part
+    return answer.split(b"\r\n", 1)[0]
+
+
+def _next_event(stream: Iterator[Event | str]) -> Event:
+    for item in stream:
+        if isinstance(item, Event):
+            return item
+    raise AssertionError("the stream ended without another event")
+
+
+def test_max_running_holds_under_racing_submits(target: Target, fleet: Fleet) -> None:
+    """Sixteen submissions of one key at once (max_running 1): one run, and 429s with
+    Retry-After for the rest (the submit rate's burst of BURST lets BURST of them race
+    to the admission transaction)."""
+    racers = 16
+    start = threading.Barrier(racers)
+
+    def submit(n: int) -> tuple[int, str, str]:
+        with target.http(target.carol) as carol:
+            start.wait()
+            response = carol.post(
+                "/runs", json={"agent": SLOW, "prompt": "p", "run_id": f"race-{n}"}
+            )
+        if response.status_code == 201:
+            return 201, "admitted", ""
+        reason = response.json()["reason"]
+        retry_after = response.headers["retry-after"]
+        # The rate's wait is the bucket's refill time (a minute for one), to the second.
+        return (
+            429,
+            reason,
+            "1..60" if 1 <= int(retry_after) <= 60 and reason == "submit-rate" else retry_after,
+        )
+
+    before = snapshot(target.database_url)
+    with ThreadPoolExecutor(racers) as pool:
+        outcomes = Counter(pool.map(submit, range(racers)))
+    assert outcomes == Counter(
+        {
+            (201, "admitted", ""): 1,
+            (429, "max-running", "10"): BURST - 1,
+            (429, "submit-rate", "1..60"): racers - BURST,
+        }
+    )
+    assert snapshot(target.database_url) != before
+    runs = fleet.client.list_runs(key_name="carol", limit=100)
+    assert [run.run_id.startswith("race-") for run in runs] == [True]
+    with target.http(target.keys.admin) as admin:
+        assert admin.post(f"/runs/{runs[0].run_id}/cancel").status_code == 200

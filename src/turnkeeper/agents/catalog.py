@@ -110,8 +110,8 @@ class Catalog:
         floor = entry.provider or settings.sandbox_provider
         if provider is not None and not at_least_as_strong(provider, floor):
             raise NotPermittedError(
-                f"sandbox {provider!r} is weaker than {floor!r}, the least agent "
-                f"{entry.name!r} may run in",
+                f"sandbox {provider!r} is not at least as strong as {floor!r}, the least "
+                f"agent {entry.name!r} may run in",
                 reason="provider-downgrade",
             )
         most_time = entry.timeout or settings.run_timeout

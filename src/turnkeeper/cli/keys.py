@@ -68,7 +68,10 @@ def list_keys() -> None:
     """Every key: name, scopes, running limit, when created, last used, revoked."""
     with store_from_env() as store:
         keys = store.list_keys()
-    table = Table("name", "scopes", "max running", "created", "last used", "revoked")
+    table = Table()
+    for header in ("name", "scopes", "max running", "created", "last used", "revoked"):
+        # Folded, never cut with an ellipsis: a name is what `keys revoke` takes.
+        table.add_column(header, overflow="fold")
     for key in keys:
         table.add_row(
             key.name,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Collection
 
 import structlog
 
@@ -86,6 +87,11 @@ class KeysMixin(StoreBase):
         """Whether the key named ``name`` exists and is not revoked."""
         row = self._db.one("key_is_live", q.KEY_IS_LIVE, {"name": check_key_name(name)})
         return bool(row and row["exists"])
+
+    def revoked_among(self, names: Collection[str]) -> set[str]:
+        """Which of the keys named ``names`` are revoked (one query, whatever their number)."""
+        rows = self._db.rows("revoked_among", q.REVOKED_AMONG, {"names": sorted(names)})
+        return {str(row["name"]) for row in rows}
 
     def active_key_count(self) -> int:
         row = self._db.one("active_keys", q.ACTIVE_KEYS, {})

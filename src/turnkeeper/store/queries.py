@@ -508,6 +508,10 @@ KEY_IS_LIVE = text(
     "SELECT EXISTS (SELECT 1 FROM api_keys WHERE name = :name AND revoked_at IS NULL)"
 )
 
+REVOKED_AMONG = text(
+    "SELECT name FROM api_keys WHERE name = ANY(:names) AND revoked_at IS NOT NULL"
+)
+
 # --- reads and the reconciler ----------------------------------------------------------
 
 GET_RUN = _sql("SELECT $run_columns FROM runs WHERE run_id = :run_id")

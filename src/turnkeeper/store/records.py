@@ -249,6 +249,12 @@ def to_json(value: Any, what: str) -> str:
         ) from exc
     if "\\u0000" in text:
         raise InvalidInputError(f"{what} contains a NUL character", reason="not-json")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInputError(
+            f"{what} holds a lone UTF-16 surrogate", reason="not-json"
+        ) from None
     return text
 
 
@@ -258,7 +264,9 @@ def check_status(value: object) -> RunStatus:
     try:
         return RunStatus(value)
     except ValueError:
-        raise InvalidInputError(f"unknown run status {value!r}", reason="invalid-status") from None
+        raise InvalidInputError(
+            f"unknown run status {value[:40]!r}", reason="invalid-status"
+        ) from None
 
 
 def check_phase(value: object) -> TurnPhase:

@@ -27,6 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -58,6 +59,7 @@ from turnkeeper.secret import STREAM_TOKENS, ServerSecret
 from turnkeeper.store.records import check_id
 from turnkeeper.web.edge import BodyLimit, OriginCheck, SecurityHeaders, redact_access_log
 from turnkeeper.web.metrics import WebMetrics
+from turnkeeper.web.revocation import RevocationWatch
 from turnkeeper.web.routes import api_router
 from turnkeeper.web.tokens import StreamTokens
 
@@ -83,6 +85,12 @@ _STATUS_BY_ERROR: tuple[tuple[type[TurnkeeperError], int], ...] = (
     (ConfigError, 400),
     (ServiceError, 503),
 )
+_CHALLENGE_ERRORS: dict[str, str | None] = {
+    "missing-key": None,
+    "missing": None,
+    "malformed-key": "invalid_request",
+}
+_HTTP_REASONS = {404: "not-found", 405: "method-not-allowed"}
 _UNAVAILABLE = "a service turnkeeper depends on is unavailable; retry later"
 
 
@@ -105,6 +113,7 @@ class WebState:
     catalog: Catalog
     submit_rate: SubmitRate
     stream_slots: StreamSlots
+    revocations: RevocationWatch
 
     @classmethod
     def open(cls, settings: Settings) -> WebState:
@@ -128,9 +137,11 @@ class WebState:
             stream_slots=StreamSlots(
                 run_log.client, namespace=settings.namespace, cap=settings.max_streams_per_key
             ),
+            revocations=RevocationWatch(client.store),
         )
 
     async def aclose(self) -> None:
+        await self.revocations.stop()
         self.client.close()
         self.metrics.close()
         await self.run_log.aclose()
@@ -173,6 +184,7 @@ def create_app(settings: Settings | None = None, *, ping_seconds: float = 15.0) 
             resolved, _ = resolve_services(edge_settings, start=False)
         redact_access_log()
         app.state.web = WebState.open(resolved)
+        app.state.web.revocations.start()
         log.info("web.started", namespace=resolved.namespace)
         try:
             yield
@@ -218,13 +230,25 @@ def _install_error_handlers(app: FastAPI) -> None:
             body = {"error": "a value was refused by the store", "reason": exc.reason}
             return JSONResponse(body, status_code=status)
         if status == 401:
-            error = "invalid_token" if exc.reason != "missing-key" else None
+            # RFC 6750 §3.1: no error code when no credential came; a malformed one
+            # is an invalid request; anything else an invalid token.
+            error = _CHALLENGE_ERRORS.get(exc.reason or "", "invalid_token")
             challenge = 'Bearer realm="turnkeeper"' + (f', error="{error}"' if error else "")
             headers["WWW-Authenticate"] = challenge
         if status == 429:
             headers["Retry-After"] = str(exc.fields.get("retry_after", 1))
         body = {"error": exc.message, **{k: str(v) for k, v in exc.context().items()}}
         return JSONResponse(body, status_code=status, headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown paths, wrong methods, unparsable bodies: in the shape of every other error.
+        reason = _HTTP_REASONS.get(exc.status_code, "invalid-request")
+        return JSONResponse(
+            {"error": str(exc.detail), "reason": reason},
+            status_code=exc.status_code,
+            headers=exc.headers,
+        )
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -34,6 +34,7 @@ _SECURITY_HEADERS = (
     (b"cross-origin-opener-policy", b"same-origin"),
 )
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_SAME_ORIGIN_FETCHES = frozenset({"same-origin", "none"})
 
 
 async def _refuse(send: Send, status: int, message: str, reason: str) -> None:
@@ -72,8 +73,11 @@ class SecurityHeaders:
 
 class OriginCheck:
     """Browsers send ``Origin`` (and ``Sec-Fetch-Site``) with every state-changing
-    request; one from a page that is not this server's own is refused. Clients that
-    are not browsers send neither and pass (they still need an API key)."""
+    request; one from a page that is not this server's own is refused. Where a
+    browser or a privacy tool left ``Origin`` out, ``Referer`` stands in for it, and
+    ``Sec-Fetch-Site`` passes only ``same-origin`` and ``none`` (a sibling subdomain
+    is ``same-site``, another origin). Clients that are not browsers send none of
+    these and pass (they still need an API key)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -81,9 +85,9 @@ class OriginCheck:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] not in _SAFE_METHODS:
             headers = Headers(scope=scope)
-            origin = headers.get("origin")
+            origin = headers.get("origin", headers.get("referer"))
             fetch_site = headers.get("sec-fetch-site")
-            if fetch_site == "cross-site" or (
+            if (fetch_site is not None and fetch_site not in _SAME_ORIGIN_FETCHES) or (
                 origin is not None and not _same_origin(origin, headers.get("host"))
             ):
                 await _refuse(send, 403, "a cross-origin request was refused", "cross-origin")

@@ -8,6 +8,7 @@ run that does not exist.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -17,7 +18,8 @@ import structlog
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -59,6 +61,34 @@ class SubmitRequest(BaseModel):
     provider: Literal["local", "bwrap", "ssh"] | None = None
     max_attempts: int | None = Field(default=None, ge=1)
     timeout: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _utf8_only(cls, data: Any) -> Any:
+        """JSON's ``\\ud800`` escapes decode to lone surrogates, which no UTF-8 store,
+        log or sandbox can hold: refused here, with every other malformed body."""
+        if _has_lone_surrogate(data):
+            raise PydanticCustomError(
+                "lone_surrogate", "a string of the body holds a lone UTF-16 surrogate"
+            )
+        return data
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether a decoded JSON value holds a string (or key) UTF-8 cannot encode."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            pending += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            pending += item
+    return False
 
 
 def parse_count(raw: str | None, name: str, *, default: int, most: int) -> int:
@@ -226,15 +256,20 @@ def _add_event_route(api: APIRouter, *, ping_seconds: float) -> None:
             metrics.open_streams.inc()
             renewer = None if slot is None else asyncio.create_task(renew_slot(*slot))
             try:
-                async for event in sse.events(
-                    state.run_log,
-                    run_id,
-                    after,
-                    on_first_event=metrics.first_event_seconds.observe,
-                ):
-                    if "id" in event:
-                        metrics.events_sent.inc()
-                    yield event
+                with contextlib.ExitStack() as watching:
+                    source = sse.events(
+                        state.run_log,
+                        run_id,
+                        after,
+                        on_first_event=metrics.first_event_seconds.observe,
+                    )
+                    if charged is not None:
+                        revoked = watching.enter_context(state.revocations.watch(charged))
+                        source = sse.until_revoked(source, revoked, charged)
+                    async for event in source:
+                        if "id" in event:
+                            metrics.events_sent.inc()
+                        yield event
             finally:
                 metrics.open_streams.dec()
                 if renewer is not None:

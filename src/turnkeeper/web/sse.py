@@ -7,15 +7,20 @@ every chunk once. The stream ends with an ``end`` event when the log is closed
 can be refused with a status code (unknown run, offset removed by retention,
 offset past the end) is checked before the response starts; a log that
 retention removes under a parked reader ends the stream with a ``log-error``
-event (``error`` is taken by EventSource for network errors).
+event (``error`` is taken by EventSource for network errors), and so does the
+revocation of the key the stream counts against (status 401,
+``turnkeeper.web.revocation``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from typing import Any
 
+import anyio
 import orjson
 import structlog
 
@@ -82,7 +87,7 @@ async def events(
     *,
     on_first_event: Callable[[float], None] | None = None,
     block_ms: int = 2_000,  # well under redis-py's default 5 s socket timeout
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncGenerator[dict[str, Any], None]:
     """Server-sent events (as sse-starlette dicts) for the chunks after seq ``after``."""
     opened = time.monotonic()
     first = True
@@ -101,6 +106,49 @@ async def events(
         yield {"event": "log-error", "data": orjson.dumps(body).decode()}
         return
     yield {"event": "end", "data": orjson.dumps({"last_seq": last}).decode()}
+
+
+async def until_revoked(
+    source: AsyncGenerator[dict[str, Any], None], revoked: asyncio.Event, key_name: str
+) -> AsyncGenerator[dict[str, Any], None]:
+    """``source``'s events until ``revoked`` is set; then a ``log-error`` of status 401.
+
+    A read parked in Redis is cancelled, not waited for: the stream ends as soon as
+    the revocation is seen.
+    """
+    stop = asyncio.ensure_future(revoked.wait())
+    step: asyncio.Future[dict[str, Any]] | None = None
+    try:
+        while True:
+            step = asyncio.ensure_future(anext(source))
+            await asyncio.wait({step, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not step.done():
+                step.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                    await step
+                body = {
+                    "message": f"the key {key_name!r} this stream counts against was revoked",
+                    "reason": "revoked-key",
+                    "status": 401,
+                }
+                yield {"event": "log-error", "data": orjson.dumps(body).decode()}
+                return
+            try:
+                event = step.result()
+            except StopAsyncIteration:
+                return
+            yield event
+    finally:
+        # Shielded: a client that went away cancels the stream, and anyio delivers that
+        # cancellation again at every await of this cleanup, which must still see the
+        # pending read finish before the source can be closed.
+        with anyio.CancelScope(shield=True):
+            stop.cancel()
+            if step is not None and not step.done():
+                step.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                    await step
+            await source.aclose()
 
 
 def parse_stream(lines: Iterable[str]) -> Iterator[tuple[str | None, str, str]]:
