@@ -163,7 +163,8 @@ class Client:
         if before.status is RunStatus.QUEUED and run.status is RunStatus.ABORTED:
             # Nobody owns it to end its log: do it here, fenced above any epoch it had.
             self.log.fence(run_id, run.epoch + 1)
-            end_log(self.log, run_id, run.epoch + 1, lifecycle.cancelled())
+            # The final chunk its settled status and error call for, as a rebuild makes it.
+            end_log(self.log, run_id, run.epoch + 1, lifecycle.final_chunk(run))
         return run
 
     def list_runs(
