@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,9 @@ def test_a_log_lost_mid_run_and_after_settle_reads_back_identical(
     run = fleet.client.submit(AGENT, PROMPT)
     while len(fleet.log_of(run.run_id)) < 8:
         time.sleep(0.02)
+    followed: list[tuple[int, Chunk]] = []
+    follower = threading.Thread(target=lambda: followed.extend(fleet.client.events(run.run_id)))
+    follower.start()  # parked on the log when it is lost: it reads on from its cursor
     before = fleet.log_of(run.run_id)
     assert lose_logs(fleet) == 2  # the stream and its meta
     assert not _redis_holds_log(fleet, run.run_id)
@@ -66,6 +70,8 @@ def test_a_log_lost_mid_run_and_after_settle_reads_back_identical(
     _assert_transcript_once(fleet, done)
 
     settled = fleet.log_of(run.run_id)
+    follower.join()
+    assert followed == settled  # each chunk once, in order, across the loss
     assert lose_logs(fleet) == 2
     rebuilt = fleet.log_of(run.run_id)
     assert rebuilt == settled  # element by element, final chunk included
