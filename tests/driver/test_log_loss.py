@@ -30,6 +30,7 @@ from tests.driver.test_takeover import (
 from tests.driver.test_zombie import _stopped_events
 from turnkeeper.chunks import Chunk
 from turnkeeper.driver.placement import Placement
+from turnkeeper.log import RunLog
 from turnkeeper.store.records import RunStatus
 from turnkeeper.workers.failpoints import marker
 
@@ -175,3 +176,33 @@ def test_a_trimmed_log_is_taken_over(settings: Any, tmp_path: Path, max_chunks: 
         _assert_transcript_once(fleet, done)
     finally:
         fleet.stop()
+
+
+def test_a_stored_custom_chunk_the_replay_does_not_make_is_a_divergence(fleet: Fleet) -> None:
+    """A CUSTOM chunk in the log that the journal does not produce (here spliced in
+    while the owner was frozen) is no longer skipped: the takeover refuses it."""
+    fleet.start_worker()
+    fleet.start_worker()
+    fleet.start_beat()
+    run = fleet.client.submit(AGENT, PROMPT)
+    while len(fleet.log_of(run.run_id)) < 8:
+        time.sleep(0.02)
+    owned = fleet.client.require(run.run_id)
+    pgid = fleet.signal_worker_of(owned, signal.SIGSTOP)
+    stored = [chunk for _, chunk in fleet.log_of(run.run_id)]
+    spliced: Chunk = {"type": "CUSTOM", "name": "turnkeeper.note", "value": {"n": 1}}
+    tampered = [*stored[:4], spliced, *stored[4:]]
+    lose_logs(fleet)
+    raw = RunLog.from_settings(fleet.settings)  # no source: writes exactly what it is given
+    raw.fence(run.run_id, owned.epoch)
+    raw.append(run.run_id, owned.epoch, 1, tampered)
+    raw.client.close()
+    os.killpg(pgid, signal.SIGKILL)
+    done = fleet.wait_settled(run.run_id)
+    assert done.status is RunStatus.FAILED, fleet.dump_logs()
+    assert done.error["reason"] == "diverged"
+    assert done.epoch == 2
+    log = fleet.log_of(run.run_id)
+    assert [chunk for _, chunk in log[:-1]] == tampered
+    assert (log[-1][1]["type"], log[-1][1]["code"]) == ("RUN_ERROR", "diverged")
+    assert "seq 5" in log[-1][1]["message"]
