@@ -18,6 +18,7 @@ was taken away: ``Ownership`` raises ``OwnershipLostError``, and nothing more is
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -37,6 +38,9 @@ from turnkeeper.store.records import Claim
 from turnkeeper.store.store import Store
 
 log = structlog.get_logger(__name__)
+
+_PAGE_TRIES = 50
+_PAGE_RETRY_WAIT = 0.01
 
 # Fleet counters (RunLog.count), exported by the web app's /metrics.
 LEASE_RENEWALS = "lease_renewals"
@@ -83,7 +87,13 @@ class StoredLogPages:
 
     def page(self, after_seq: int, count: int) -> Sequence[tuple[int, Chunk]]:
         chunks = self.run_log.page(self.run_id, after_seq, count)
-        if not chunks and after_seq < self._last:
+        # Lost again between the rebuild and the read (or being rebuilt by another
+        # reader, not yet this far): look again. The aligner refuses a page that
+        # still does not start where it must.
+        for _ in range(_PAGE_TRIES):
+            if chunks or after_seq >= self._last:
+                break
+            time.sleep(_PAGE_RETRY_WAIT)
             self.run_log.state(self.run_id)
             chunks = self.run_log.page(self.run_id, after_seq, count)
         return chunks

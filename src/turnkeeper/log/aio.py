@@ -120,9 +120,10 @@ class AsyncRunLog:
             if len(rows) < self.page_size:
                 if cursor >= state.last_seq or self.restorer is None:
                     break
-                state = await self.state(run_id)
-                if not state.exists or cursor >= state.last_seq:
-                    break
+                refreshed = await self.state(run_id)
+                if not refreshed.exists or cursor >= refreshed.last_seq or refreshed == state:
+                    break  # the end, or nothing changed since the last look
+                state = refreshed
         if not out and after_seq > 0 and not state.exists:
             raise LogGoneError("the log expired", run_id=run_id, reason="expired", offset=after_seq)
         return out

@@ -396,9 +396,10 @@ class RunLog:
                 # (it is then rebuilt, with the same seqs, and read on from the cursor).
                 if cursor >= state.last_seq or self.source is None:
                     break
-                state = self.state(run_id)
-                if not state.exists or cursor >= state.last_seq:
-                    break
+                refreshed = self.state(run_id)
+                if not refreshed.exists or cursor >= refreshed.last_seq or refreshed == state:
+                    break  # the end, or nothing changed since the last look
+                state = refreshed
         if not out and after_seq > 0 and not state.exists:
             raise LogGoneError("the log expired", run_id=run_id, reason="expired", offset=after_seq)
         return out
