@@ -31,6 +31,7 @@ from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
 from turnkeeper.driver import lifecycle
 from turnkeeper.driver.output import end_log
+from turnkeeper.driver.replay import StoredLog
 from turnkeeper.envelope import EnvSealer
 from turnkeeper.errors import InvalidInputError, RunNotFoundError
 from turnkeeper.log import RunLog
@@ -45,6 +46,8 @@ class Client:
         self.settings = settings
         self.store = store
         self.log = log
+        if log.source is None:  # a lost log is rebuilt from the store, never read as empty
+            log.source = StoredLog(store)
         self.app = app
         self._sealer: EnvSealer | None = None
         self._sealer_lock = threading.Lock()
@@ -160,7 +163,8 @@ class Client:
         if before.status is RunStatus.QUEUED and run.status is RunStatus.ABORTED:
             # Nobody owns it to end its log: do it here, fenced above any epoch it had.
             self.log.fence(run_id, run.epoch + 1)
-            end_log(self.log, run_id, run.epoch + 1, lifecycle.cancelled())
+            # The final chunk its settled status and error call for, as a rebuild makes it.
+            end_log(self.log, run_id, run.epoch + 1, lifecycle.final_chunk(run))
         return run
 
     def list_runs(
@@ -181,7 +185,10 @@ class Client:
     def events(
         self, run_id: str, after: int = 0, *, follow: bool = True
     ) -> Iterator[tuple[int, Chunk]]:
-        """The run's chunks after seq ``after``: until the log closes, or what is stored now."""
+        """The run's chunks after seq ``after``: until the log closes, or what is stored now.
+
+        A log Redis lost is rebuilt from the store first; one that cannot be (its run
+        was pruned) raises LogGoneError, never an empty iteration."""
         self.require(run_id)
         if not follow:
             yield from self.log.snapshot(run_id, after_seq=after)

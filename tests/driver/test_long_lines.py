@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 
 from tests.driver.fleet import Fleet
+from tests.driver.test_log_loss import lose_logs
 from turnkeeper.chunks import Chunk
 from turnkeeper.driver.placement import Placement
 from turnkeeper.store.records import RunStatus
@@ -115,6 +116,9 @@ def test_a_long_line_streams_in_pieces(fleet: Fleet) -> None:
     _assert_segments(fleet, run.run_id)
     journals = Placement.of(done).journals
     assert [journal.max_line_bytes for journal in journals] == [CAP]
+    # A lost log comes back from Postgres cut at the journal's recorded cap.
+    assert lose_logs(fleet) > 0
+    _assert_log(fleet, run.run_id, run.session_id)
 
 
 def test_a_takeover_mid_line_replays_the_same_pieces(fleet: Fleet) -> None:

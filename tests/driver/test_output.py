@@ -10,7 +10,7 @@ import pytest
 from turnkeeper.config import Settings
 from turnkeeper.driver.output import RunOutput
 from turnkeeper.driver.ownership import Ownership
-from turnkeeper.errors import OwnershipLostError, SequenceConflictError
+from turnkeeper.errors import JournalReplayDivergedError, OwnershipLostError
 from turnkeeper.store.records import Claim
 from turnkeeper.workers.runtime import WorkerRuntime
 
@@ -40,7 +40,7 @@ def test_an_append_that_landed_before_its_reply_was_lost_is_not_an_error(
     assert [chunk for _, chunk in rt.log.snapshot("out-1")] == CHUNKS
 
 
-def test_a_real_sequence_conflict_is_still_an_error(
+def test_a_log_that_holds_other_chunks_at_those_seqs_is_a_divergence(
     claim_and_runtime: tuple[Claim, WorkerRuntime],
 ) -> None:
     claim, rt = claim_and_runtime
@@ -49,8 +49,10 @@ def test_a_real_sequence_conflict_is_still_an_error(
     )
     other = [{"type": "CUSTOM", "name": "other", "value": i} for i in range(3)]
     rt.log.append("out-1", claim.epoch, 1, other)
-    with pytest.raises(SequenceConflictError):
+    with pytest.raises(JournalReplayDivergedError) as info:
         output.emit(CHUNKS)
+    assert info.value.fields["seq"] == 1
+    assert [chunk for _, chunk in rt.log.snapshot("out-1")] == other
 
 
 def test_an_append_refused_for_its_epoch_is_lost_ownership_and_counted(

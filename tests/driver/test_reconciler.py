@@ -133,8 +133,9 @@ def test_cancel_of_a_queued_run_is_immediate(runtime: WorkerRuntime) -> None:
 def test_cancel_of_a_queued_run_ends_its_log(fleet: Fleet) -> None:
     run = fleet.client.submit(AGENT, PROMPT)  # no worker: it stays queued
     fleet.client.cancel(run.run_id)
+    # The final chunk carries the reason and message the run was settled with.
     assert list(fleet.client.events(run.run_id)) == [
-        (1, {"type": "RUN_ERROR", "message": "the run was cancelled", "code": "cancelled"})
+        (1, {"type": "RUN_ERROR", "message": "cancelled before it started", "code": "cancelled"})
     ]
 
 

@@ -10,7 +10,7 @@ from turnkeeper.errors import (
     JournalReplayDivergedError,
     JournalReplayShortError,
 )
-from turnkeeper.log import Aligner, RunLog, align
+from turnkeeper.log import Aligner, RunLog, Snapshot, align, chunk_kind
 
 from .samples import custom_chunk, text_chunk
 
@@ -20,6 +20,11 @@ def stored(items: list[Chunk]) -> list[tuple[int, Chunk]]:
 
 
 SIX = [text_chunk(n) for n in range(6)]
+
+
+def kinds(*chunks: Chunk) -> frozenset[str]:
+    """An explicit out-of-band list naming the kinds of ``chunks``."""
+    return frozenset(chunk_kind(chunk) for chunk in chunks)
 
 
 def test_empty_log_forwards_everything() -> None:
@@ -64,14 +69,22 @@ def test_divergence_raises_with_index_and_fingerprints(at: int) -> None:
     )
 
 
-def test_nested_change_diverges() -> None:
-    logged = [{"type": "CUSTOM", "name": "x", "value": {"a": [1, {"b": 2}]}}, text_chunk(0)]
-    replayed = [{"type": "CUSTOM", "name": "x", "value": {"a": [1, {"b": 3}]}}, text_chunk(0)]
-    # The stored CUSTOM is out-of-band, so it is skipped; then chunk 0 mismatches the replayed one.
-    with pytest.raises(JournalReplayDivergedError):
+def test_a_change_inside_a_custom_chunk_diverges_at_that_chunk() -> None:
+    """A CUSTOM chunk is compared like any other: a nested value that differs is a
+    divergence at its own seq, not a skip that hides it."""
+    logged = [text_chunk(0), {"type": "CUSTOM", "name": "x", "value": {"a": [1, {"b": 2}]}}]
+    replayed = [text_chunk(0), {"type": "CUSTOM", "name": "x", "value": {"a": [1, {"b": 3}]}}]
+    with pytest.raises(JournalReplayDivergedError) as info:
         align(replayed, stored(logged), run_id="r")
-    with pytest.raises(JournalReplayDivergedError):
-        align(replayed, stored(logged), run_id="r", is_out_of_band=lambda _c: False)
+    assert (info.value.fields["seq"], info.value.reason) == (2, "diverged")
+    assert info.value.fields["stored"] == '{"name":"x","type":"CUSTOM","value":{"a":[1,{"b":2}]}}'
+
+
+def test_chunk_kinds_name_custom_chunks_by_their_name() -> None:
+    assert [chunk_kind(c) for c in (SIX[0], custom_chunk("a"))] == [
+        "TEXT_MESSAGE_CONTENT",
+        "CUSTOM:a",
+    ]
 
 
 @pytest.mark.parametrize("replay_length", [0, 1, 3])
@@ -92,8 +105,17 @@ def test_out_of_band_entries_are_skipped_in_the_middle_and_at_the_end() -> None:
         SIX[2],
         custom_chunk("tail"),
     ]
-    assert align(SIX[:3], stored(logged), run_id="r") == []
-    assert align(SIX, stored(logged), run_id="r") == [(8, SIX[3]), (9, SIX[4]), (10, SIX[5])]
+    listed = kinds(*(c for c in logged if c["type"] == "CUSTOM"))
+    assert align(SIX[:3], stored(logged), run_id="r", out_of_band=listed) == []
+    assert align(SIX, stored(logged), run_id="r", out_of_band=listed) == [
+        (8, SIX[3]),
+        (9, SIX[4]),
+        (10, SIX[5]),
+    ]
+    # Listed kinds only: the same log with one kind missing from the list diverges there.
+    with pytest.raises(JournalReplayDivergedError) as info:
+        align(SIX, stored(logged), run_id="r", out_of_band=listed - {"CUSTOM:bridge-2"})
+    assert info.value.fields["seq"] == 4
 
 
 def test_a_replayed_custom_chunk_matches_its_stored_twin() -> None:
@@ -101,39 +123,96 @@ def test_a_replayed_custom_chunk_matches_its_stored_twin() -> None:
     assert align(replayed, stored(replayed[:2]), run_id="r") == [(3, SIX[1])]
 
 
-def test_strict_predicate_does_not_skip() -> None:
-    with pytest.raises(JournalReplayDivergedError):
-        align(SIX, stored([custom_chunk("a"), *SIX]), run_id="r", is_out_of_band=lambda _c: False)
+def test_a_stored_custom_chunk_is_not_skipped_by_default() -> None:
+    with pytest.raises(JournalReplayDivergedError) as info:
+        align(SIX, stored([custom_chunk("a"), *SIX]), run_id="r")
+    assert info.value.fields["seq"] == 1
+    with pytest.raises(JournalReplayShortError):
+        align(SIX, stored([*SIX, custom_chunk("a")]), run_id="r")
 
 
 def test_out_of_band_skip_limit_counts_consecutive_skips_only() -> None:
     burst = [custom_chunk(f"b{n}") for n in range(64)]
+    listed = kinds(*burst, custom_chunk("one more"))
     logged = [*burst, SIX[0], *burst, SIX[1]]
-    assert align(SIX, stored(logged), run_id="r") == [(131 + n, SIX[2 + n]) for n in range(4)]
+    assert align(SIX, stored(logged), run_id="r", out_of_band=listed) == [
+        (131 + n, SIX[2 + n]) for n in range(4)
+    ]
     too_many = [*burst, custom_chunk("one more"), SIX[0]]
     with pytest.raises(JournalReplayDivergedError) as info:
-        align(SIX, stored(too_many), run_id="r")
+        align(SIX, stored(too_many), run_id="r", out_of_band=listed)
     assert info.value.reason == "too-many-out-of-band"
     assert info.value.fields["index"] == 64
-    assert align(SIX, stored(too_many), run_id="r", max_out_of_band_skip=65) == [
-        (67 + n, SIX[1 + n]) for n in range(5)
-    ]
+    assert align(
+        SIX, stored(too_many), run_id="r", out_of_band=listed, max_out_of_band_skip=65
+    ) == [(67 + n, SIX[1 + n]) for n in range(5)]
 
 
 def test_a_real_divergence_after_out_of_band_entries_still_raises() -> None:
     with pytest.raises(JournalReplayDivergedError) as info:
-        align([text_chunk(7)], stored([custom_chunk("a"), SIX[0]]), run_id="r")
+        align(
+            [text_chunk(7)],
+            stored([custom_chunk("a"), SIX[0]]),
+            run_id="r",
+            out_of_band=kinds(custom_chunk("a")),
+        )
     assert info.value.fields["index"] == 1
 
 
 def test_snapshot_with_a_gap_is_refused() -> None:
     with pytest.raises(AlignmentError) as info:
-        Aligner("r", [(2, SIX[0])])
+        Aligner("r", [(2, SIX[0]), (4, SIX[1])])
     assert info.value.reason == "incomplete-snapshot"
 
 
+@pytest.mark.parametrize("page_size", [1, 2, 1000])
+def test_a_trimmed_log_aligns_from_its_first_kept_seq(page_size: int) -> None:
+    """Seqs 1..3 were trimmed: the first three replayed chunks stand for them, the
+    rest is compared from seq 4, in pages."""
+    kept = list(enumerate(SIX[3:5], start=4))
+    aligner = Aligner("r", Snapshot("r", kept), page_size=page_size)
+    assert [aligner.feed(chunk) for chunk in SIX] == [[], [], [], [], [], [(6, SIX[5])]]
+    summary = aligner.finish()
+    assert (summary.trimmed, summary.suppressed, summary.forwarded) == (3, 2, 1)
+
+
+def test_a_trimmed_log_still_catches_a_divergence_at_its_first_kept_seq() -> None:
+    kept = list(enumerate(SIX[3:5], start=4))
+    replay = [*SIX[:3], text_chunk(42), *SIX[4:]]
+    with pytest.raises(JournalReplayDivergedError) as info:
+        align(replay, Snapshot("r", kept), run_id="r")
+    assert info.value.fields["seq"] == 4
+
+
+def test_a_trimmed_log_with_a_replay_that_ends_inside_the_trimmed_range_is_short() -> None:
+    kept = list(enumerate(SIX[3:5], start=4))
+    with pytest.raises(JournalReplayShortError) as info:
+        align(SIX[:2], Snapshot("r", kept), run_id="r")
+    assert (info.value.fields["index"], info.value.fields["remaining"]) == (2, 3)
+
+
+def test_realign_takes_in_chunks_a_rebuild_put_past_the_known_end() -> None:
+    """The aligner knew seqs 1..2 and forwarded 3..4; the log (rebuilt) holds 1..5:
+    the forwards are compared again, and only what is past seq 5 goes on."""
+    log = stored(SIX[:5])
+    aligner = Aligner("r", Snapshot("r", log[:2]))
+    assert [aligner.feed(c) for c in SIX[:4]] == [[], [], [(3, SIX[2])], [(4, SIX[3])]]
+
+    class Grown:
+        first_seq, last_seq = 1, 5
+
+        def page(self, after_seq: int, count: int) -> list[tuple[int, Chunk]]:
+            return log[after_seq : after_seq + count]
+
+    aligner.realign(3, 5, Grown())  # the log as it is now
+    assert [aligner.feed(c) for c in SIX[2:]] == [[], [], [], [(6, SIX[5])]]
+    assert aligner.finish().forwarded == 1
+
+
 def test_aligner_reports_progress() -> None:
-    aligner = Aligner("r", stored([custom_chunk("a"), *SIX[:2]]))
+    aligner = Aligner(
+        "r", stored([custom_chunk("a"), *SIX[:2]]), out_of_band=kinds(custom_chunk("a"))
+    )
     assert (aligner.aligned, aligner.next_seq) == (False, 4)
     assert aligner.feed(SIX[0]) == []
     assert aligner.feed(SIX[1]) == []
@@ -146,11 +225,13 @@ def test_aligner_reports_progress() -> None:
 # --- takeovers on a real log ------------------------------------------------------
 
 
-def takeover(log: RunLog, run_id: str, epoch: int, replay: list[Chunk]) -> None:
+def takeover(
+    log: RunLog, run_id: str, epoch: int, replay: list[Chunk], out_of_band: frozenset[str] = kinds()
+) -> None:
     """What the driver does: fence, snapshot once, align, append the rest."""
     log.fence(run_id, epoch)
     snapshot = log.snapshot(run_id)
-    rest = align(replay, snapshot, run_id=run_id)
+    rest = align(replay, snapshot, run_id=run_id, out_of_band=out_of_band)
     if rest:
         log.append(run_id, epoch, rest[0][0], [chunk for _seq, chunk in rest])
 
@@ -184,5 +265,5 @@ def test_diverging_takeover_raises_and_appends_nothing(runlog: RunLog) -> None:
 def test_takeover_skips_a_stored_out_of_band_marker(runlog: RunLog) -> None:
     runlog.fence("r", 1)
     runlog.append("r", 1, 1, [custom_chunk("run.accepted"), *SIX[:2]])
-    takeover(runlog, "r", 2, SIX)
+    takeover(runlog, "r", 2, SIX, kinds(custom_chunk("run.accepted")))
     assert runlog.snapshot("r") == stored([custom_chunk("run.accepted"), *SIX])

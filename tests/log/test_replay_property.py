@@ -62,7 +62,9 @@ def first_attempt(
 
 def takeover(log: RunLog, run_id: str, journal: bytes, fmt: str) -> None:
     log.fence(run_id, 2)
-    aligner = Aligner(run_id, log.snapshot(run_id))
+    # The first attempt's marker is not in the journal: an explicitly out-of-band kind.
+    out_of_band = {"CUSTOM:turnkeeper.run_accepted"}
+    aligner = Aligner(run_id, log.snapshot(run_id), out_of_band=out_of_band)
     translator = translator_for(fmt, run_id)
     for line in complete_lines(journal):
         for chunk in translator.feed(line):

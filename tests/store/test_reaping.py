@@ -12,8 +12,12 @@ from turnkeeper.errors import InvalidInputError
 from turnkeeper.store import Claim, Store, Verdict
 
 
-def _ref(name: str) -> dict[str, str]:
-    return {"provider": "local", "path": f"/sandboxes/{name}"}
+def _ref(name: str) -> dict[str, object]:
+    """A placement record: the sandbox, and the journals that ran in it."""
+    return {
+        "sandbox": {"provider": "local", "path": f"/sandboxes/{name}"},
+        "journals": [{"process": 1, "run_id": name}],
+    }
 
 
 def test_runs_to_reap_lists_settled_runs_with_a_sandbox_oldest_settled_first(
@@ -48,7 +52,9 @@ def test_forget_sandbox_drops_the_reference_of_settled_runs_only(store: Store) -
     assert not store.forget_sandbox("unknown")
     assert store.get_run("busy").sandbox_ref == _ref("busy")  # type: ignore[union-attr]
     assert store.forget_sandbox("done")
-    assert store.get_run("done").sandbox_ref is None  # type: ignore[union-attr]
+    # The sandbox is forgotten; the journals stay, for a rebuild of the run's log.
+    kept = {"journals": _ref("done")["journals"]}
+    assert store.get_run("done").sandbox_ref == kept  # type: ignore[union-attr]
     assert store.runs_to_reap(10) == []
     # Forgetting twice changes nothing more and still says the run is settled.
     assert store.forget_sandbox("done")

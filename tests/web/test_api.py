@@ -163,11 +163,19 @@ def test_unknown_run_and_removed_log(fleet: Fleet, web: WebServer, http: httpx.C
     body = _submit(http, "retained")
     fleet.wait_settled("retained")
     full = fleet.log_of("retained")
-    fleet.client.log.delete("retained")  # what retention does to a closed log
+    # What retention (or a flush) does to a closed log: it is rebuilt from Postgres.
+    for after in (0, 3, len(full)):
+        fleet.client.log.delete("retained")
+        rebuilt, end = read_stream(http, f"{body['stream_url']}&offset={after}")
+        assert rebuilt == full[after:], after
+        assert end.chunk == {"last_seq": len(full)}
+    # Once its stored output is pruned too, a lost log is gone: 410, never an empty stream.
+    fleet.client.store.prune_settled(0, 100)
+    fleet.client.log.delete("retained")
     for after in (0, 3, len(full)):
         gone = http.get(f"{body['stream_url']}&offset={after}")
         assert gone.status_code == 410, after
-        assert gone.json()["reason"] == "expired"
+        assert gone.json()["reason"] == "pruned"
 
 
 def test_the_sentinel_nonce_never_leaves_the_server(

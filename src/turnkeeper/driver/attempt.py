@@ -187,9 +187,7 @@ class Attempt:
         self.replay = Replay(claim.run_id, run.session_id, self.spec.format)
         self.slot = self.store.get_turn_slot(claim.run_id)
         self.recorder = TurnRecorder(self.store, claim, run.session_id, ownership, self.slot)
-        self.output = RunOutput(
-            self.store, self.run_log, claim, ownership, self.run_log.snapshot(claim.run_id)
-        )
+        self.output = RunOutput(self.store, self.run_log, claim, ownership)
         self.place = Placer(
             runtime.provider_to_run(payload.get("provider")),
             self.store,

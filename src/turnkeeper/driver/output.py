@@ -5,9 +5,12 @@ Two rules hold every write here:
 - the segments are written before the chunks derived from them are appended, so the
   log never shows a client anything the segments could not reproduce after the
   sandbox is lost;
-- every chunk passes through an aligner built from one snapshot of the stored log,
-  read once when this attempt began (empty for a fresh run), so a successor's replay
-  is suppressed where it matches and appended only past the stored end.
+- every chunk passes through an aligner over the stored log as it was when this
+  attempt began (empty for a fresh run), read in pages as the replay reaches them, so
+  a successor's replay is suppressed where it matches and appended only past the
+  stored end. When a rebuild of a lost log from Postgres put chunks past that end (the
+  segments already held their bytes), an append is refused for its seq and the batch
+  is aligned again against them (``Aligner.realign``): never appended twice.
 
 A refused write (a stale attempt in Postgres, a higher epoch in Redis) means the run
 was taken away: ``Ownership`` raises ``OwnershipLostError``, and nothing more is written.
@@ -15,6 +18,7 @@ was taken away: ``Ownership`` raises ``OwnershipLostError``, and nothing more is
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -22,13 +26,21 @@ import structlog
 
 from turnkeeper.chunks import Chunk, fingerprint
 from turnkeeper.driver.ownership import Ownership
-from turnkeeper.errors import LogFencedError, SequenceConflictError
+from turnkeeper.errors import (
+    AlignmentError,
+    LogClosedError,
+    LogFencedError,
+    SequenceConflictError,
+)
 from turnkeeper.log import RunLog
 from turnkeeper.log.alignment import Aligner
 from turnkeeper.store.records import Claim
 from turnkeeper.store.store import Store
 
 log = structlog.get_logger(__name__)
+
+_PAGE_TRIES = 50
+_PAGE_RETRY_WAIT = 0.01
 
 # Fleet counters (RunLog.count), exported by the web app's /metrics.
 LEASE_RENEWALS = "lease_renewals"
@@ -51,6 +63,42 @@ def end_log(run_log: RunLog, run_id: str, epoch: int, final: Chunk) -> None:
     run_log.close(run_id, epoch)
 
 
+class StoredLogPages:
+    """The stored log an aligner walks, as it was when the attempt began, in pages.
+
+    A page that comes back short of the known end means the log was lost under the
+    read: reading its state rebuilds it (with the same seqs), and the page is read again.
+    """
+
+    def __init__(self, run_log: RunLog, run_id: str) -> None:
+        self.run_log = run_log
+        self.run_id = run_id
+        state = run_log.state(run_id)
+        self._first = state.first_seq
+        self._last = state.last_seq
+
+    @property
+    def first_seq(self) -> int:
+        return self._first
+
+    @property
+    def last_seq(self) -> int:
+        return self._last
+
+    def page(self, after_seq: int, count: int) -> Sequence[tuple[int, Chunk]]:
+        chunks = self.run_log.page(self.run_id, after_seq, count)
+        # Lost again between the rebuild and the read (or being rebuilt by another
+        # reader, not yet this far): look again. The aligner refuses a page that
+        # still does not start where it must.
+        for _ in range(_PAGE_TRIES):
+            if chunks or after_seq >= self._last:
+                break
+            time.sleep(_PAGE_RETRY_WAIT)
+            self.run_log.state(self.run_id)
+            chunks = self.run_log.page(self.run_id, after_seq, count)
+        return chunks
+
+
 class RunOutput:
     def __init__(
         self,
@@ -58,13 +106,15 @@ class RunOutput:
         run_log: RunLog,
         claim: Claim,
         ownership: Ownership,
-        snapshot: Sequence[tuple[int, Chunk]],
+        snapshot: Sequence[tuple[int, Chunk]] | None = None,
     ) -> None:
+        """``snapshot``: the stored log, when given whole; by default it is read in pages."""
         self.store = store
         self.run_log = run_log
         self.claim = claim
         self.ownership = ownership
-        self.aligner = Aligner(claim.run_id, snapshot)
+        stored = snapshot if snapshot is not None else StoredLogPages(run_log, claim.run_id)
+        self.aligner = Aligner(claim.run_id, stored)
         self.appended = 0
         self._stored_ends: dict[str, int] = {}
         self._log = log.bind(run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
@@ -98,25 +148,44 @@ class RunOutput:
         fresh: list[tuple[int, Chunk]] = []
         for chunk in chunks:
             fresh.extend(self.aligner.feed(chunk))
-        if not fresh:
+        # Bounded: each round takes in chunks the log gained past the end this attempt
+        # knew, which only a rebuild (or a retry whose reply was lost) puts there.
+        for _ in range(8):
+            if not fresh:
+                return
+            self.ownership.check()
+            first, batch = fresh[0][0], [chunk for _, chunk in fresh]
+            with self._fenced():
+                try:
+                    self.run_log.append(self.claim.run_id, self.claim.epoch, first, batch)
+                except SequenceConflictError as exc:
+                    expected = int(exc.fields.get("expected", 0))
+                    if expected <= first:
+                        raise  # the log is behind this attempt: it lost chunks it showed
+                    fresh = self._realigned(first, expected, batch)
+                    continue
+                except LogClosedError:
+                    # A rebuild closed the log of the run this attempt just settled,
+                    # after the very chunks it was appending.
+                    if not self._ends_with(first, batch):
+                        raise
+            self.appended += len(fresh)
             return
-        self.ownership.check()
-        first, batch = fresh[0][0], [chunk for _, chunk in fresh]
-        with self._fenced():
-            try:
-                self.run_log.append(self.claim.run_id, self.claim.epoch, first, batch)
-            except SequenceConflictError as exc:
-                if not self._already_appended(first, batch, exc):
-                    raise
-        self.appended += len(fresh)
+        raise AlignmentError("the log kept moving under its owner", run_id=self.claim.run_id)
 
-    def _already_appended(
-        self, first: int, batch: list[Chunk], conflict: SequenceConflictError
-    ) -> bool:
-        """A retried append whose first try landed (its reply was lost): the log holds
-        exactly this batch at exactly these seqs."""
-        if conflict.fields.get("expected") != first + len(batch):
-            return False
+    def _realigned(self, first: int, expected: int, batch: list[Chunk]) -> list[tuple[int, Chunk]]:
+        """The log already holds seqs ``first..expected - 1``: a rebuild from Postgres
+        (or a retried append whose reply was lost) wrote them. Compare the batch with
+        them again; what is left of it goes after them."""
+        self._log.info("log.realigned", first_seq=first, stored_end=expected - 1)
+        self.aligner.realign(first, expected - 1, StoredLogPages(self.run_log, self.claim.run_id))
+        fresh: list[tuple[int, Chunk]] = []
+        for chunk in batch:
+            fresh.extend(self.aligner.feed(chunk))
+        return fresh
+
+    def _ends_with(self, first: int, batch: list[Chunk]) -> bool:
+        """The (closed) log holds exactly ``batch`` at seqs ``first...`` and nothing after."""
         stored = self.run_log.snapshot(self.claim.run_id, after_seq=first - 1)
         return [fingerprint(chunk) for _, chunk in stored] == [fingerprint(c) for c in batch]
 

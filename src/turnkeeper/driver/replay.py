@@ -6,7 +6,8 @@ for each agent process in order its translated lines, followed by its
 interruption marks when it was given up; the closing chunks once its journal
 ended at the exit sentinel; the final chunk once the run is settled. ``Replay``
 mints those chunks, and ``StoredJournal`` reads a journal's lines back from its
-segments up to the sentinel, which is never handed out as a line.
+segments up to the sentinel, which is never handed out as a line. ``StoredLog`` is
+that function read from Postgres alone: what a lost Redis log is rebuilt from.
 
 A line longer than the journal's line cap (``max_line_bytes``, recorded with the
 journal in the placement record) reaches the translator in pieces (``LinePiece``),
@@ -19,18 +20,35 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from itertools import islice
 
+import structlog
+
+from turnkeeper.agents.spec import AgentSpec
 from turnkeeper.agents.translator import TurnTracker, translator_for
 from turnkeeper.chunks import Chunk
 from turnkeeper.driver import lifecycle
-from turnkeeper.errors import InvalidSentinelError
+from turnkeeper.driver.placement import Placement, nonce_of
+from turnkeeper.errors import AgentError, InvalidSentinelError, LogGoneError
+from turnkeeper.log.origin import LogOrigin
 from turnkeeper.sandbox.journal import SENTINEL_PREFIX, parse_sentinel
 from turnkeeper.sandbox.lines import Line, LinePiece, LineSplitter
+from turnkeeper.store.records import Run, RunStatus
 from turnkeeper.store.store import Store
 
-__all__ = ["Line", "Replay", "StoredJournal", "batches", "stored_exit", "with_newlines"]
+log = structlog.get_logger(__name__)
+
+__all__ = [
+    "Line",
+    "Replay",
+    "StoredJournal",
+    "StoredLog",
+    "batches",
+    "stored_exit",
+    "with_newlines",
+]
 
 _SEGMENT_PAGE = 256
 _SEGMENT_PAGE_BYTES = 8 << 20
+_REPLAY_BATCH = 512
 
 
 class Replay:
@@ -159,3 +177,62 @@ def stored_exit(store: Store, journal_key: str, nonce: str) -> int | None:
         return sentinel_exit(line, nonce)
     except InvalidSentinelError:
         return None  # a forged sentinel: the replay refuses it where it stands
+
+
+def stored_chunks(store: Store, run: Run) -> Iterator[Chunk]:
+    """The run's log as Postgres holds it, from seq 1, read in pages: ``RUN_STARTED``,
+    each agent process's lines (with its interruption marks once it was given up, or
+    its closing chunks once its journal ended at the sentinel), the final chunk once
+    the run is settled. The sentinel is never a chunk."""
+    if run.epoch == 0:  # settled before any attempt (a queued run cancelled)
+        if run.status.is_terminal:
+            yield lifecycle.final_chunk(run)
+        return
+    payload = run.payload if isinstance(run.payload, dict) else {}
+    try:
+        spec = AgentSpec.from_payload(payload.get("agent", "scripted"))
+    except AgentError:  # the run failed on its spec before anything was appended
+        if run.status.is_terminal:
+            yield lifecycle.final_chunk(run)
+        return
+    replay = Replay(run.run_id, run.session_id, spec.format)
+    yield from replay.started()
+    for index, journal in enumerate(Placement.of(run).journals):
+        stored = StoredJournal(
+            store, journal.journal_key, nonce_of(journal), max_line_bytes=journal.max_line_bytes
+        )
+        try:
+            for batch in batches(stored, _REPLAY_BATCH):
+                yield from replay.lines(with_newlines(batch))
+        except InvalidSentinelError:
+            # The run failed there (invalid-sentinel); the line is never published.
+            log.warning("log.rebuild_stopped_at_invalid_sentinel", run_id=run.run_id)
+        if journal.lost is not None:
+            yield from replay.interrupted(index)
+        elif stored.exit_code is not None:
+            yield from replay.closing()
+    if run.status.is_terminal:
+        yield lifecycle.final_chunk(run)
+
+
+class StoredLog:
+    """The ``LogSource`` of the fleet: a lost run log comes back from Postgres."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def origin(self, run_id: str) -> LogOrigin | None:
+        run = self.store.get_run(run_id)
+        if run is None or (run.status is RunStatus.QUEUED and run.epoch == 0):
+            return None
+        if run.pruned_at is not None:
+            raise LogGoneError(
+                "the run's log was lost and its stored output was pruned: it cannot be rebuilt",
+                run_id=run_id,
+                reason="pruned",
+            )
+        return LogOrigin(
+            epoch=max(run.epoch, 1),
+            closed=run.status.is_terminal,
+            chunks=stored_chunks(self.store, run),
+        )

@@ -3,24 +3,33 @@
 from turnkeeper.log.aio import AsyncRunLog
 from turnkeeper.log.alignment import (
     DEFAULT_MAX_OUT_OF_BAND_SKIP,
+    OUT_OF_BAND_KINDS,
     Aligner,
     AlignmentSummary,
+    Snapshot,
+    StoredChunks,
     align,
-    is_custom_chunk,
+    chunk_kind,
 )
 from turnkeeper.log.entries import LogState
 from turnkeeper.log.keys import RunKeys, run_tag
+from turnkeeper.log.origin import LogOrigin, LogSource
 from turnkeeper.log.runlog import RunLog
 
 __all__ = [
     "DEFAULT_MAX_OUT_OF_BAND_SKIP",
+    "OUT_OF_BAND_KINDS",
     "Aligner",
     "AlignmentSummary",
     "AsyncRunLog",
+    "LogOrigin",
+    "LogSource",
     "LogState",
     "RunKeys",
     "RunLog",
+    "Snapshot",
+    "StoredChunks",
     "align",
-    "is_custom_chunk",
+    "chunk_kind",
     "run_tag",
 ]

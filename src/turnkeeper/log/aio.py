@@ -4,6 +4,9 @@ Same keys, same decoding and the same semantics as ``RunLog.snapshot`` and
 ``RunLog.read``; only the writer (the driver) needs the sync class. Each parked
 reader holds one pooled connection while it blocks, so size the pool for the
 number of concurrent streams.
+
+A log Redis lost is rebuilt by ``restorer`` (a sync ``RunLog`` with a source), on a
+worker thread, the first time a read finds it missing.
 """
 
 from __future__ import annotations
@@ -11,12 +14,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Self, cast
 
+import anyio.to_thread
 import redis.asyncio
 
 from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
 from turnkeeper.errors import ConfigError, LogGoneError
 from turnkeeper.log.entries import (
+    STATE_FIELDS,
     LogState,
     decode_page,
     parse_state,
@@ -28,6 +33,7 @@ from turnkeeper.log.runlog import (
     DEFAULT_BLOCK_MS,
     DEFAULT_PAGE_SIZE,
     SOCKET_TIMEOUT,
+    RunLog,
     check_client,
     check_read_offset,
     read_is_over,
@@ -43,6 +49,7 @@ class AsyncRunLog:
         *,
         namespace: str,
         page_size: int = DEFAULT_PAGE_SIZE,
+        restorer: RunLog | None = None,
     ) -> None:
         check_client(client)
         if page_size < 1:
@@ -50,6 +57,8 @@ class AsyncRunLog:
         self._redis = client
         self.namespace = check_namespace(namespace)
         self.page_size = page_size
+        self.restorer = restorer
+        """Rebuilds a lost log (``RunLog.ensure``); None: a lost log reads as absent."""
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str, **client_options: Any) -> Self:
@@ -70,20 +79,33 @@ class AsyncRunLog:
     def keys(self, run_id: str) -> RunKeys:
         return RunKeys.of(self.namespace, run_id)
 
-    async def state(self, run_id: str) -> LogState:
+    async def _read_state(self, run_id: str) -> LogState:
         keys = self.keys(run_id)
         with redis_errors(run_id, "state"):
             pipe = self._redis.pipeline(transaction=True)
-            pipe.hmget(keys.meta, ["epoch", "closed", "next"])
+            pipe.hmget(keys.meta, STATE_FIELDS)
             pipe.xrange(keys.stream, "-", "+", count=1)
             meta, head = await pipe.execute()
         return parse_state(meta, head)
+
+    async def state(self, run_id: str) -> LogState:
+        """As ``RunLog.state``: a lost log is rebuilt first."""
+        state = await self._read_state(run_id)
+        restorer = self.restorer
+        if (
+            state.missing
+            and restorer is not None
+            and await anyio.to_thread.run_sync(restorer.ensure, run_id)
+        ):
+            state = await self._read_state(run_id)
+        return state
 
     async def snapshot(self, run_id: str, after_seq: int = 0) -> list[tuple[int, Chunk]]:
         """As ``RunLog.snapshot``."""
         stream = self.keys(run_id).stream
         out: list[tuple[int, Chunk]] = []
         cursor = after_seq
+        state = await self.state(run_id)
         while True:
             with redis_errors(run_id, "snapshot"):
                 entries = await self._redis.xrange(
@@ -92,10 +114,17 @@ class AsyncRunLog:
             rows: list[Any] = cast("list[Any]", entries or [])
             page = decode_page(rows, cursor, run_id)
             out.extend(page.chunks)
-            if page.ended or len(rows) < self.page_size:
+            cursor = out[-1][0] if out else cursor
+            if page.ended:
                 break
-            cursor = out[-1][0]
-        if not out and after_seq > 0 and not (await self.state(run_id)).exists:
+            if len(rows) < self.page_size:
+                if cursor >= state.last_seq or self.restorer is None:
+                    break
+                refreshed = await self.state(run_id)
+                if not refreshed.exists or cursor >= refreshed.last_seq or refreshed == state:
+                    break  # the end, or nothing changed since the last look
+                state = refreshed
+        if not out and after_seq > 0 and not state.exists:
             raise LogGoneError("the log expired", run_id=run_id, reason="expired", offset=after_seq)
         return out
 

@@ -32,8 +32,10 @@ from turnkeeper.log.keys import CHUNK_FIELD, END_FIELD
 class LogState:
     """What the meta hash and the stream head say about one run's log.
 
-    ``exists`` is False for a run never fenced, or whose closed log expired.
+    ``exists`` is False for a run never fenced, or whose log Redis lost or expired.
     ``first_seq`` is the first seq still stored (``next_seq`` when none is).
+    ``rebuilding``: a rebuild from Postgres holds the log (``RunLog.ensure``).
+    ``stream_lost``: the meta hash survived its stream (an eviction of one key).
     """
 
     exists: bool
@@ -42,6 +44,13 @@ class LogState:
     closed_epoch: int | None
     next_seq: int
     first_seq: int
+    rebuilding: bool = False
+    stream_lost: bool = False
+
+    @property
+    def missing(self) -> bool:
+        """The log is not there to be read or written: never made, lost, or being rebuilt."""
+        return self.rebuilding or not self.exists or self.stream_lost
 
     @property
     def last_seq(self) -> int:
@@ -118,8 +127,8 @@ def _resp3_entries(value: Any) -> list[tuple[bytes, Mapping[bytes, bytes]]]:
 
 
 def parse_state(meta: Sequence[bytes | None], head: Sequence[Any]) -> LogState:
-    """A LogState from ``HMGET epoch closed next`` and ``XRANGE - + COUNT 1``."""
-    epoch_raw, closed_raw, next_raw = meta
+    """A LogState from ``HMGET epoch closed next rebuilding`` and ``XRANGE - + COUNT 1``."""
+    epoch_raw, closed_raw, next_raw, rebuilding_raw = meta
     exists = epoch_raw is not None
     next_seq = int(next_raw) if next_raw is not None else 1
     first_seq = next_seq
@@ -132,7 +141,19 @@ def parse_state(meta: Sequence[bytes | None], head: Sequence[Any]) -> LogState:
         closed_epoch=int(closed_raw) if closed_raw is not None else None,
         next_seq=next_seq,
         first_seq=first_seq,
+        rebuilding=rebuilding_raw is not None,
+        stream_lost=exists and next_seq > 1 and not head,
     )
+
+
+STATE_FIELDS = ["epoch", "closed", "next", "rebuilding"]
+
+
+def refusal(reply: Any) -> bytes | None:
+    """The reason of a script's refusal (``{reason, number}``), None for a success."""
+    if isinstance(reply, int):
+        return None
+    return bytes(reply[0])
 
 
 def script_result(reply: Any, *, run_id: str, epoch: int, operation: str) -> int:

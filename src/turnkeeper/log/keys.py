@@ -79,9 +79,19 @@ class RunKeys:
 # the caller can raise a typed error with structured fields. A bare integer
 # keeps the hot path's reply as small as Redis can make it.
 
-# ARGV: epoch, run_id. Raises the stored epoch to at least ``epoch``.
+# ARGV: epoch, run_id, create. Raises the stored epoch to at least ``epoch``.
+# With create = '0' (a log whose runs Postgres can rebuild) a missing or lost log
+# is refused rather than created empty, and so is one being rebuilt.
 FENCE_LUA: Final = """
-local stored = tonumber(redis.call('HGET', KEYS[2], 'epoch')) or 0
+local meta = redis.call('HMGET', KEYS[2], 'epoch', 'next', 'rebuilding')
+if meta[3] then return {'rebuilding', 0} end
+if ARGV[3] == '0' then
+  if not meta[1] then return {'missing', 0} end
+  if (tonumber(meta[2]) or 1) > 1 and redis.call('EXISTS', KEYS[1]) == 0 then
+    return {'missing', 0}
+  end
+end
+local stored = tonumber(meta[1]) or 0
 local epoch = tonumber(ARGV[1])
 if epoch > stored then
   redis.call('HSET', KEYS[2], 'epoch', ARGV[1], 'run_id', ARGV[2])
@@ -93,12 +103,16 @@ return stored
 
 # Refusals shared by append and close, in the order they are checked.
 _GUARD_LUA = """
-local meta = redis.call('HMGET', KEYS[2], 'epoch', 'closed', 'next')
+local meta = redis.call('HMGET', KEYS[2], 'epoch', 'closed', 'next', 'rebuilding')
+if meta[4] then return {'rebuilding', 0} end
 local stored = tonumber(meta[1]) or 0
 local epoch = tonumber(ARGV[1])
+local nxt = tonumber(meta[3]) or 1
+if stored > 0 and nxt > 1 and redis.call('EXISTS', KEYS[1]) == 0 then
+  return {'unfenced', 0}  -- the stream was lost (evicted) under its meta: rebuild it
+end
 if stored > epoch then return {'fenced', stored} end
 if stored < epoch then return {'unfenced', stored} end
-local nxt = tonumber(meta[3]) or 1
 """
 
 # ARGV: epoch, first_seq, max_chunks, chunk... Appends the chunks as 0-<seq>.
@@ -135,6 +149,77 @@ redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return epoch
 """
 )
+
+
+# --- rebuilding a lost log from Postgres (log/runlog.py, ``RunLog.ensure``) -------------
+# A rebuild holds the meta hash's ``rebuilding`` field (a token) while it writes the
+# chunks in pages; meanwhile every append, close and fence is refused with
+# 'rebuilding' and retried. The meta hash carries a short TTL for as long as the
+# rebuild runs, renewed by every page, so a rebuilder that died leaves a log that
+# vanishes and is rebuilt again from scratch by the next reader.
+
+# ARGV: token, run_id, lock_ms. Starts a rebuild when the log is missing: no meta,
+# or a meta whose stream was lost. Answers 1 (begun), 0 (present) or
+# {'rebuilding', 0} (another rebuild holds it). The epoch is set by the end script,
+# from what Postgres says once the rebuild holds the log.
+REBUILD_BEGIN_LUA: Final = """
+local meta = redis.call('HMGET', KEYS[2], 'epoch', 'next', 'rebuilding')
+if meta[3] then return {'rebuilding', 0} end
+if meta[1] and ((tonumber(meta[2]) or 1) == 1 or redis.call('EXISTS', KEYS[1]) == 1) then
+  return 0
+end
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('HSET', KEYS[2], 'next', 1, 'rebuilding', ARGV[1], 'run_id', ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return 1
+"""
+
+# ARGV: token. Gives a rebuild up (the run has no log, or Postgres failed): the log
+# is missing again, as it was.
+REBUILD_ABORT_LUA: Final = """
+if redis.call('HGET', KEYS[2], 'rebuilding') ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+return 1
+"""
+
+# ARGV: token, lock_ms, max_chunks, chunk... Adds one page of the rebuilt log;
+# answers the last seq, or {'lost', 0} when the rebuild no longer holds the log.
+REBUILD_PAGE_LUA: Final = """
+if redis.call('HGET', KEYS[2], 'rebuilding') ~= ARGV[1] then return {'lost', 0} end
+local nxt = tonumber(redis.call('HGET', KEYS[2], 'next'))
+for i = 4, #ARGV do
+  redis.call('XADD', KEYS[1], string.format('0-%d', nxt), 'c', ARGV[i])
+  nxt = nxt + 1
+end
+redis.call('HSET', KEYS[2], 'next', nxt)
+local limit = tonumber(ARGV[3])
+if nxt - 1 > limit then
+  redis.call('XTRIM', KEYS[1], 'MAXLEN', limit)
+end
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return nxt - 1
+"""
+
+# ARGV: token, epoch, closed ('1' for a settled run), retention_ms. Ends the rebuild
+# at the run's epoch: the log is open for its owner again, or closed (end marker,
+# retention TTL) when the run is settled. Answers the last seq, or {'lost', 0}.
+REBUILD_END_LUA: Final = """
+if redis.call('HGET', KEYS[2], 'rebuilding') ~= ARGV[1] then return {'lost', 0} end
+local nxt = tonumber(redis.call('HGET', KEYS[2], 'next'))
+redis.call('HDEL', KEYS[2], 'rebuilding')
+redis.call('HSET', KEYS[2], 'epoch', ARGV[2])
+if ARGV[3] == '1' then
+  redis.call('XADD', KEYS[1], string.format('0-%d', nxt), 'end', ARGV[2])
+  redis.call('HSET', KEYS[2], 'closed', ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  redis.call('PEXPIRE', KEYS[2], ARGV[4])
+else
+  redis.call('PERSIST', KEYS[2])
+  redis.call('PERSIST', KEYS[1])
+end
+return nxt - 1
+"""
 
 
 # --- quotas of API keys -----------------------------------------------------------------

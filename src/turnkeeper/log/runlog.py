@@ -21,11 +21,24 @@ The protocol a writer follows:
 Retention: a log keeps its last ``max_chunks`` chunks (older ones are trimmed
 by the append script) and disappears ``retention_seconds`` after close.
 Reading from an offset retention removed raises LogGoneError.
+
+Postgres is the truth, this log its cache. A log given a ``source``
+(``log.origin``) that Redis lost (a flush, a restart without persistence, an
+eviction, a failover, or a closed log past its retention) is rebuilt from it on the
+next read or write (``ensure``), with the same seqs and the same chunks, fenced at
+the run's epoch as Postgres has it. The rebuild holds the log (a token in the meta
+hash) while it writes it in pages; every write is refused meanwhile and retried
+once it ends, and readers wait for it, so an owner's append never lands inside a
+rebuild, out of order or twice. A log that cannot be rebuilt raises LogGoneError
+(``reason="pruned"``); nothing reports a lost log as an empty one.
 """
 
 from __future__ import annotations
 
+import secrets
+import time
 from collections.abc import Iterator, Sequence
+from itertools import islice
 from typing import Any, Final, Self, cast
 
 import redis
@@ -33,12 +46,14 @@ import structlog
 
 from turnkeeper.chunks import Chunk, encode_chunk
 from turnkeeper.config import Settings
-from turnkeeper.errors import ConfigError, LogGoneError, LogOffsetError
+from turnkeeper.errors import ConfigError, LogGoneError, LogOffsetError, LogUnavailableError
 from turnkeeper.log.entries import (
+    STATE_FIELDS,
     LogState,
     decode_page,
     parse_state,
     redis_errors,
+    refusal,
     script_result,
     stream_entries,
 )
@@ -46,10 +61,15 @@ from turnkeeper.log.keys import (
     APPEND_LUA,
     CLOSE_LUA,
     FENCE_LUA,
+    REBUILD_ABORT_LUA,
+    REBUILD_BEGIN_LUA,
+    REBUILD_END_LUA,
+    REBUILD_PAGE_LUA,
     RunKeys,
     check_namespace,
     fleet_counters_key,
 )
+from turnkeeper.log.origin import LogSource
 
 logger = structlog.get_logger(__name__)
 
@@ -57,6 +77,13 @@ DEFAULT_BLOCK_MS: Final = 5_000
 # redis-py's default socket timeout (5 s) would cut a parked XREAD BLOCK of 5 s short.
 SOCKET_TIMEOUT: Final = DEFAULT_BLOCK_MS / 1000 + 10
 DEFAULT_PAGE_SIZE: Final = 1_000
+REBUILD_LOCK_MS: Final = 15_000
+"""How long a rebuild holds a log without writing a page before the next reader takes over."""
+REBUILD_WAIT_SECONDS: Final = 120.0
+"""How long a read or write waits for other rebuilds before giving up (LogUnavailableError)."""
+_REBUILD_POLL = 0.02
+# Refusals that mean "the log is not there": missing (never made, or lost), or being rebuilt.
+_ABSENT = (b"rebuilding", b"missing")
 
 
 def check_client(client: Any) -> None:
@@ -85,6 +112,7 @@ class RunLog:
         retention_seconds: float = 86_400.0,
         max_chunks: int = 1_000_000,
         page_size: int = DEFAULT_PAGE_SIZE,
+        source: LogSource | None = None,
     ) -> None:
         check_client(client)
         if retention_seconds <= 0 or max_chunks < 1 or page_size < 1:
@@ -100,6 +128,12 @@ class RunLog:
         self._fence = client.register_script(FENCE_LUA)
         self._append = client.register_script(APPEND_LUA)
         self._close = client.register_script(CLOSE_LUA)
+        self._rebuild_begin = client.register_script(REBUILD_BEGIN_LUA)
+        self._rebuild_page = client.register_script(REBUILD_PAGE_LUA)
+        self._rebuild_end = client.register_script(REBUILD_END_LUA)
+        self._rebuild_abort = client.register_script(REBUILD_ABORT_LUA)
+        self.source = source
+        """Where a lost log is rebuilt from; None: a lost log stays lost (tests of the log)."""
 
     @classmethod
     def from_url(
@@ -109,6 +143,7 @@ class RunLog:
         namespace: str,
         retention_seconds: float = 86_400.0,
         max_chunks: int = 1_000_000,
+        source: LogSource | None = None,
         **client_options: Any,
     ) -> Self:
         """A log on its own client. A ``socket_timeout`` given must stay above ``block_ms``."""
@@ -119,6 +154,7 @@ class RunLog:
             namespace=namespace,
             retention_seconds=retention_seconds,
             max_chunks=max_chunks,
+            source=source,
         )
 
     @classmethod
@@ -148,8 +184,19 @@ class RunLog:
         refused. A return above ``epoch`` means a later attempt already owns it.
         """
         _positive("epoch", epoch, run_id)
-        with redis_errors(run_id, "fence"):
-            reply = self._fence(keys=self.keys(run_id).as_list(), args=[epoch, run_id])
+        # The first claim's fence makes the log; a later fence of a missing log finds
+        # it rebuilt from the source first (a takeover never starts from an empty log).
+        create = self.source is None or epoch == 1
+        while True:
+            with redis_errors(run_id, "fence"):
+                reply = self._fence(
+                    keys=self.keys(run_id).as_list(), args=[epoch, run_id, int(create)]
+                )
+            if refusal(reply) not in _ABSENT:
+                break
+            # Lost (or never made): rebuilt at Postgres's epoch first, so the fence
+            # never makes an empty log of a run that has output.
+            create = not self.ensure(run_id)
         stored = script_result(reply, run_id=run_id, epoch=epoch, operation="fence")
         logger.info("log.fenced", run_id=run_id, epoch=epoch, stored_epoch=stored)
         return stored
@@ -165,8 +212,7 @@ class RunLog:
         _positive("first_seq", first_seq, run_id)
         args: list[Any] = [epoch, first_seq, self.max_chunks]
         args.extend(encode_chunk(chunk) for chunk in chunks)
-        with redis_errors(run_id, "append"):
-            reply = self._append(keys=self.keys(run_id).as_list(), args=args)
+        reply = self._guarded(self._append, run_id, args, "append")
         try:
             return script_result(reply, run_id=run_id, epoch=epoch, operation="append")
         except Exception as exc:
@@ -176,10 +222,104 @@ class RunLog:
     def close(self, run_id: str, epoch: int) -> None:
         """Close the log at ``epoch``: fenced, idempotent, wakes every parked reader."""
         _positive("epoch", epoch, run_id)
-        with redis_errors(run_id, "close"):
-            reply = self._close(keys=self.keys(run_id).as_list(), args=[epoch, self.retention_ms])
+        reply = self._guarded(self._close, run_id, [epoch, self.retention_ms], "close")
         closed_at = script_result(reply, run_id=run_id, epoch=epoch, operation="close")
         logger.info("log.closed", run_id=run_id, epoch=epoch, closed_epoch=closed_at)
+
+    def _guarded(self, script: Any, run_id: str, args: list[Any], operation: str) -> Any:
+        """Run a write script; a log that is lost or being rebuilt is rebuilt (or waited
+        for), then the write is tried again on it."""
+        while True:
+            with redis_errors(run_id, operation):
+                reply = script(keys=self.keys(run_id).as_list(), args=args)
+            reason = refusal(reply)
+            lost = reason == b"unfenced" and int(reply[1]) == 0
+            if self.source is None or not (reason == b"rebuilding" or lost):
+                return reply
+            if not self.ensure(run_id):
+                return reply  # the run has no log: an unfenced write stays refused
+
+    # --- rebuilding a lost log -----------------------------------------------------------
+
+    def ensure(self, run_id: str) -> bool:
+        """Make sure the log is in Redis: rebuild it from the source when it was lost,
+        or wait for the rebuild another reader or writer is doing.
+
+        True when the log is there now; False when the run has no log yet (or no
+        source was given). Raises LogGoneError when it was lost and cannot be rebuilt.
+        """
+        if self.source is None:
+            return False
+        deadline = time.monotonic() + REBUILD_WAIT_SECONDS
+        while True:
+            state = self._read_state(run_id)
+            if not state.missing:
+                return True
+            if not state.rebuilding:
+                rebuilt = self._rebuild(run_id)
+                if rebuilt is not None:
+                    return rebuilt
+            if time.monotonic() > deadline:
+                raise LogUnavailableError(
+                    "the log is being rebuilt and the rebuild does not end",
+                    run_id=run_id,
+                    reason="rebuild-stuck",
+                )
+            time.sleep(_REBUILD_POLL)
+
+    def _rebuild(self, run_id: str) -> bool | None:
+        """One try at rebuilding: True (rebuilt, or found present), False (the run has
+        no log), None (another rebuild holds it, or took it over: wait and look again)."""
+        assert self.source is not None  # noqa: S101 - checked by ensure
+        keys = self.keys(run_id).as_list()
+        token = secrets.token_hex(16)
+        with redis_errors(run_id, "rebuild"):
+            begun = self._rebuild_begin(keys=keys, args=[token, run_id, REBUILD_LOCK_MS])
+        if refusal(begun) is not None:
+            return None
+        if begun == 0:
+            return True
+        started = time.perf_counter()
+        try:
+            # Read only once the rebuild holds the log: whatever an owner stored before
+            # is in it, and whatever it appends now is refused until the rebuild ends.
+            origin = self.source.origin(run_id)
+            if origin is None:
+                self._abort_rebuild(run_id, token)
+                return False
+            last = 0
+            chunks = iter(origin.chunks)
+            while page := list(islice(chunks, self.page_size)):
+                args: list[Any] = [token, REBUILD_LOCK_MS, self.max_chunks]
+                args.extend(encode_chunk(chunk) for chunk in page)
+                with redis_errors(run_id, "rebuild"):
+                    reply = self._rebuild_page(keys=keys, args=args)
+                if refusal(reply) is not None:
+                    return None  # the lock lapsed and another rebuild took over
+                last = int(reply)
+            end_args: list[Any] = [token, origin.epoch, int(origin.closed), self.retention_ms]
+            with redis_errors(run_id, "rebuild"):
+                reply = self._rebuild_end(keys=keys, args=end_args)
+            if refusal(reply) is not None:
+                return None
+        except BaseException:
+            self._abort_rebuild(run_id, token)
+            raise
+        logger.warning(
+            "log.rebuilt",
+            run_id=run_id,
+            epoch=origin.epoch,
+            closed=origin.closed,
+            last_seq=last,
+            seconds=round(time.perf_counter() - started, 3),
+        )
+        return True
+
+    def _abort_rebuild(self, run_id: str, token: str) -> None:
+        try:
+            self._rebuild_abort(keys=self.keys(run_id).as_list(), args=[token])
+        except redis.RedisError as exc:  # the lock lapses on its own
+            logger.warning("log.rebuild_abort_failed", run_id=run_id, error=str(exc))
 
     def delete(self, run_id: str) -> None:
         """Drop a run's log at once (pruning); readers then see an unknown run."""
@@ -203,14 +343,29 @@ class RunLog:
 
     # --- reads -------------------------------------------------------------------
 
-    def state(self, run_id: str) -> LogState:
+    def _read_state(self, run_id: str) -> LogState:
         keys = self.keys(run_id)
         with redis_errors(run_id, "state"):
             pipe = self._redis.pipeline(transaction=True)
-            pipe.hmget(keys.meta, ["epoch", "closed", "next"])
+            pipe.hmget(keys.meta, STATE_FIELDS)
             pipe.xrange(keys.stream, "-", "+", count=1)
             meta, head = pipe.execute()
         return parse_state(meta, head)
+
+    def state(self, run_id: str) -> LogState:
+        """The log's state, once a lost log was rebuilt (with a source)."""
+        state = self._read_state(run_id)
+        if state.missing and self.ensure(run_id):
+            state = self._read_state(run_id)
+        return state
+
+    def page(self, run_id: str, after_seq: int, count: int) -> list[tuple[int, Chunk]]:
+        """Up to ``count`` stored chunks after ``after_seq``, in order; [] past the end.
+        LogGoneError when retention removed chunk ``after_seq + 1``."""
+        stream = self.keys(run_id).stream
+        with redis_errors(run_id, "page"):
+            entries = self._redis.xrange(stream, f"(0-{after_seq}", "+", count=count)
+        return decode_page(cast("list[Any]", entries or []), after_seq, run_id).chunks
 
     def next_seq(self, run_id: str) -> int:
         """The seq the next appended chunk gets (1 for a new log)."""
@@ -219,22 +374,33 @@ class RunLog:
     def snapshot(self, run_id: str, after_seq: int = 0) -> list[tuple[int, Chunk]]:
         """Every chunk stored now after ``after_seq``, in order; never blocks.
 
-        ``[]`` for an unknown or expired run read from 0. LogGoneError when
-        retention removed chunk ``after_seq + 1``.
+        ``[]`` for a run that has no log yet (and, without a source, for an unknown or
+        expired one read from 0). LogGoneError when retention removed chunk
+        ``after_seq + 1``, or when the log was lost and cannot be rebuilt.
         """
         stream = self.keys(run_id).stream
         out: list[tuple[int, Chunk]] = []
         cursor = after_seq
+        state = self.state(run_id)
         while True:
             with redis_errors(run_id, "snapshot"):
                 entries = self._redis.xrange(stream, f"(0-{cursor}", "+", count=self.page_size)
             rows: list[Any] = cast("list[Any]", entries or [])
             page = decode_page(rows, cursor, run_id)
             out.extend(page.chunks)
-            if page.ended or len(rows) < self.page_size:
+            cursor = out[-1][0] if out else cursor
+            if page.ended:
                 break
-            cursor = out[-1][0]
-        if not out and after_seq > 0 and not self.state(run_id).exists:
+            if len(rows) < self.page_size:
+                # The end of what is stored, unless the log was lost under this read
+                # (it is then rebuilt, with the same seqs, and read on from the cursor).
+                if cursor >= state.last_seq or self.source is None:
+                    break
+                refreshed = self.state(run_id)
+                if not refreshed.exists or cursor >= refreshed.last_seq or refreshed == state:
+                    break  # the end, or nothing changed since the last look
+                state = refreshed
+        if not out and after_seq > 0 and not state.exists:
             raise LogGoneError("the log expired", run_id=run_id, reason="expired", offset=after_seq)
         return out
 

@@ -557,15 +557,18 @@ ORDER BY finished_at
 LIMIT :limit
 """)
 
+# A reaped run keeps the journals of its placement record (what ran, with their nonces
+# and give-ups): a run log Redis lost is rebuilt from them (driver.replay.StoredLog).
 RUNS_TO_REAP = _sql("""
 SELECT $run_columns FROM runs
-WHERE status IN ('completed', 'failed', 'aborted') AND sandbox_ref IS NOT NULL
+WHERE status IN ('completed', 'failed', 'aborted')
+  AND jsonb_typeof(sandbox_ref -> 'sandbox') = 'object'
 ORDER BY finished_at
 LIMIT :limit
 """)
 
 FORGET_SANDBOX = text("""
-UPDATE runs SET sandbox_ref = NULL, updated_at = now()
+UPDATE runs SET sandbox_ref = sandbox_ref - 'sandbox', updated_at = now()
 WHERE run_id = :run_id AND status IN ('completed', 'failed', 'aborted')
 RETURNING run_id
 """)

@@ -121,6 +121,7 @@ class WebState:
         catalog = Catalog.load(settings)
         client = Client.from_settings(settings)
         run_log = AsyncRunLog.from_settings(settings, max_connections=MAX_REDIS_CONNECTIONS)
+        run_log.restorer = client.log  # a lost log is rebuilt from Postgres on its first read
         return cls(
             settings=settings,
             client=client,

@@ -18,6 +18,7 @@ import structlog
 
 from turnkeeper.agents.spec import AgentSpec
 from turnkeeper.config import Settings
+from turnkeeper.driver.replay import StoredLog
 from turnkeeper.envelope import EnvSealer
 from turnkeeper.errors import AgentError, SandboxError
 from turnkeeper.log import RunLog
@@ -47,6 +48,7 @@ class WorkerRuntime:
             namespace=settings.namespace,
             retention_seconds=settings.log_retention,
             max_chunks=settings.log_max_chunks,
+            source=StoredLog(store),
         )
         owner = f"{socket.gethostname()}:{os.getpid()}"
         log.info("worker.runtime.opened", owner=owner)
