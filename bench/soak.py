@@ -731,9 +731,10 @@ class Soak:
             "seq_gap": [seq for seq, _ in stored] != list(range(1, len(stored) + 1)),
             "equal": output == expected,
         }
-        if not stored:
-            truth = truth_of(self.client, run, AgentSpec.from_payload(sub.agent).format)
-            result["postgres_truth_matches_oracle"] = truth == expected
+        truth = truth_of(self.client, run, AgentSpec.from_payload(sub.agent).format)
+        result["postgres_truth_matches_oracle"] = [
+            chunk for chunk in truth if not is_interruption(chunk)
+        ] == expected
         if not result["equal"]:
             pairs = zip(output, expected, strict=False)
             first = next(
@@ -799,6 +800,9 @@ class Soak:
                 1 for v in empty if v["postgres_truth_matches_oracle"]
             ),
             "runs_with_seq_gaps": [v["run_id"] for v in verdicts if v["seq_gap"]],
+            "postgres_truth_matches_oracle": sum(
+                1 for v in verdicts if v["postgres_truth_matches_oracle"]
+            ),
             CONTINUED: [
                 {"run_id": v["run_id"], "marks": v["interruption_marks"]}
                 for v in verdicts
@@ -841,6 +845,10 @@ def summary(report: dict[str, Any]) -> str:
         f"logs read back empty {report['logs_read_back_empty']} (Postgres still holds "
         f"the right output for {report['logs_read_back_empty_postgres_intact']})"
     )
+    truth = (
+        "completed runs whose output Postgres holds right (rebuilt from segments) "
+        f"{report['postgres_truth_matches_oracle']} of {report['runs_completed']}"
+    )
     lines = [
         head,
         "events survived:",
@@ -854,6 +862,7 @@ def summary(report: dict[str, Any]) -> str:
         f"chunks doubled     {report['chunks_doubled']}",
         empty,
         f"runs with seq gaps {len(report['runs_with_seq_gaps'])}",
+        truth,
         f"runs continued after a lost agent process {len(report[CONTINUED])}",
         f"max attempts used by one run        {report['max_attempts_used']}",
         f"max kills+stops of one run's owner  {report['max_owner_kills_and_stops_of_one_run']}",
