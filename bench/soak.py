@@ -377,6 +377,11 @@ def is_interruption(chunk: Chunk) -> bool:
     return chunk.get("type") == "CUSTOM" and chunk.get("name") == INTERRUPTED
 
 
+def first_difference(got: list[Chunk], want: list[Chunk]) -> int:
+    pairs = zip(got, want, strict=False)
+    return next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(got), len(want)))
+
+
 def canonical(chunk: Chunk) -> str:
     return json.dumps(chunk, sort_keys=True)
 
@@ -732,14 +737,17 @@ class Soak:
             "equal": output == expected,
         }
         truth = truth_of(self.client, run, AgentSpec.from_payload(sub.agent).format)
-        result["postgres_truth_matches_oracle"] = [
-            chunk for chunk in truth if not is_interruption(chunk)
-        ] == expected
+        truth = [chunk for chunk in truth if not is_interruption(chunk)]
+        result["postgres_truth_matches_oracle"] = truth == expected
+        if truth != expected:
+            at = first_difference(truth, expected)
+            result["postgres_truth"] = {
+                "chunks": len(truth),
+                "first_difference_at": at + 1,
+                "there": truth[at] if at < len(truth) else None,
+            }
         if not result["equal"]:
-            pairs = zip(output, expected, strict=False)
-            first = next(
-                (i for i, (a, b) in enumerate(pairs) if a != b), min(len(output), len(expected))
-            )
+            first = first_difference(output, expected)
             result["first_difference_at_output_chunk"] = first + 1
             result["stored_there"] = output[first] if first < len(output) else None
             result["expected_there"] = expected[first] if first < len(expected) else None
@@ -830,6 +838,13 @@ class Soak:
         return report
 
 
+def brief(entry: dict[str, Any]) -> dict[str, Any]:
+    """A failed or differing run for the summary: the chaos around it only counted
+    (the JSON report has the events themselves)."""
+    around = Counter(e["event"] for e in entry.get("chaos_around", []))
+    return {**{k: v for k, v in entry.items() if k != "chaos_around"}, "chaos_around": around}
+
+
 def summary(report: dict[str, Any]) -> str:
     head = (
         f"soak: {report['minutes']} min ({report['chaos_seconds']} s of chaos), "
@@ -868,8 +883,8 @@ def summary(report: dict[str, Any]) -> str:
         f"max kills+stops of one run's owner  {report['max_owner_kills_and_stops_of_one_run']}",
         f"most attempts: {json.dumps(report['most_attempts'])}",
     ]
-    lines += [f"FAILED {json.dumps(failure)}" for failure in report["failed"]]
-    lines += [f"MISMATCH {json.dumps(mismatch)}" for mismatch in report["mismatched"]]
+    lines += [f"FAILED {json.dumps(brief(failure))}" for failure in report["failed"]]
+    lines += [f"MISMATCH {json.dumps(brief(mismatch))}" for mismatch in report["mismatched"]]
     lines += [f"NEVER SETTLED {run_id}" for run_id in report["runs_never_settled"]]
     if not report["ok"]:
         lines.append(f"work dir kept (fleet logs): {report['workdir']}")
