@@ -12,7 +12,7 @@ command agents, a share of them on the ssh provider. Meanwhile, at random:
 - the ssh link is cut: the test sshd and every session it serves are killed, and
   it is started again 1 to 5 s later.
 
-Worker failures come every 0.5 to 2.9 s (about 1,060 in 30 minutes), half of them
+Worker failures come every 0.4 to 2.0 s (1,500 in 30 minutes at most), half of them
 aimed at a worker that owns a run, and only at workers that are up (Celery said
 "ready"): a SIGKILL only while two are, so the fleet keeps making progress. A
 worker that exits by itself (it refuses to start while its ssh host is down) is
@@ -453,10 +453,10 @@ class Soak:
                 self.tally.events["worker-exited-by-itself"] += 1
                 self.workers[index] = processes.worker()
 
-    def kill_worker(self, processes: Processes) -> None:
+    def kill_worker(self, processes: Processes) -> bool:
         up = self.targets()
         if not up:
-            return
+            return False
         victim, owned = self.victim(up)
         index = self.workers.index(victim)
         for sub in owned:
@@ -470,11 +470,12 @@ class Soak:
         victim.proc.wait()
         self.workers[index] = processes.worker()
         self.tally.events["worker-sigkill"] += 1
+        return True
 
-    def stop_worker(self, now: float) -> None:
+    def stop_worker(self, now: float) -> bool:
         up = self.targets()
         if not up:
-            return
+            return False
         victim, owned = self.victim(up)
         for sub in owned:
             sub.owner_hits += 1
@@ -490,6 +491,7 @@ class Soak:
         self.tally.events["worker-sigstop"] += 1
         if pause > LEASE_TTL:
             self.tally.events["worker-zombie (stopped past the lease)"] += 1
+        return True
 
     def wake_workers(self, now: float, *, all_of_them: bool = False) -> None:
         for worker in self.workers:
@@ -635,16 +637,17 @@ class Soak:
         return self.check(chaos_seconds)
 
     def chaos_step(self, now: float, processes: Processes, database_url: str) -> None:
-        """Whatever failure is due now: a worker every 0.5 to 2.9 s (a quarter of them
+        """Whatever failure is due now: a worker every 0.4 to 2.0 s (a quarter of them
         SIGKILLs), Postgres every 5 to 15 s, Redis every 40 to 80 s, ssh every 20 to 40 s."""
         rng, plan = self.rng, self.plan
         self.replace_exited(processes)
         if now >= plan["worker"]:
             if rng.random() < KILL_SHARE and len(self.targets()) >= MIN_UP_FOR_A_KILL:
-                self.kill_worker(processes)
+                done = self.kill_worker(processes)
             else:
-                self.stop_worker(now)
-            plan["worker"] = now + rng.uniform(0.5, 2.9)
+                done = self.stop_worker(now)
+            # none up to hit: try again soon, so the rate holds while workers start
+            plan["worker"] = now + (rng.uniform(0.4, 2.0) if done else 0.3)
         if now >= plan["postgres"]:
             self.terminate_postgres(database_url)
             plan["postgres"] = now + rng.uniform(5, 15)
