@@ -13,8 +13,9 @@ command agents, a share of them on the ssh provider. Meanwhile, at random:
   it is started again 1 to 5 s later.
 
 Worker failures come every 0.4 to 2.0 s (1,500 in 30 minutes at most), half of them
-aimed at a worker that owns a run, and only at workers that are up (Celery said
-"ready"): a SIGKILL only while two are, so the fleet keeps making progress. A
+aimed at a worker that owns a run, and only at workers that finished starting
+(Celery said "ready"): a SIGKILL only while two have (a frozen one may be
+killed too), so the fleet keeps making progress. A
 worker that exits by itself (it refuses to start while its ssh host is down) is
 started again. Every event is on a timeline; a failed or differing run is reported
 with the events around it.
@@ -93,7 +94,7 @@ TIMING = {"lease_ttl": LEASE_TTL, "heartbeat_interval": 1.0, "reconcile_interval
 KILL_SHARE = 0.25
 """Of the worker failures, the share that are SIGKILLs (a restart costs seconds of CPU)."""
 MIN_UP_FOR_A_KILL = 2
-"""A SIGKILL only while at least this many workers are up (else a SIGSTOP instead)."""
+"""A SIGKILL only while at least this many workers have started (else a SIGSTOP)."""
 OWNER_SHARE = 0.5
 """Of the worker failures, the share aimed at a worker that owns a run, when one does."""
 WORKER_CONCURRENCY = 2
@@ -440,9 +441,14 @@ class Soak:
         worker = self.rng.choice(among)
         return worker, self.owned_by(worker)
 
+    def started(self) -> list[Worker]:
+        """Workers that finished starting, frozen or not: a worker still starting is
+        not the case under test."""
+        return [w for w in self.workers if w.is_ready()]
+
     def targets(self) -> list[Worker]:
-        """Workers that are up: a worker still starting is not the case under test."""
-        return [w for w in self.workers if w.stopped_until is None and w.is_ready()]
+        """Workers that are up and running."""
+        return [w for w in self.started() if w.stopped_until is None]
 
     def replace_exited(self, processes: Processes) -> None:
         """A worker that exited by itself (it refuses to start while its ssh host is
@@ -454,7 +460,8 @@ class Soak:
                 self.workers[index] = processes.worker()
 
     def kill_worker(self, processes: Processes) -> bool:
-        up = self.targets()
+        """SIGKILL a started worker, a frozen one too (a zombie that never wakes)."""
+        up = self.started()
         if not up:
             return False
         victim, owned = self.victim(up)
@@ -642,7 +649,7 @@ class Soak:
         rng, plan = self.rng, self.plan
         self.replace_exited(processes)
         if now >= plan["worker"]:
-            if rng.random() < KILL_SHARE and len(self.targets()) >= MIN_UP_FOR_A_KILL:
+            if rng.random() < KILL_SHARE and len(self.started()) >= MIN_UP_FOR_A_KILL:
                 done = self.kill_worker(processes)
             else:
                 done = self.stop_worker(now)

@@ -20,7 +20,7 @@ import pytest
 SOAK = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
 MINUTES = 2
 LEAST = {
-    "worker-sigkill": 5,
+    "worker-sigkill": 3,
     "worker-sigstop": 10,
     "worker-zombie (stopped past the lease)": 3,
     "log-redis-restart": 1,
@@ -34,11 +34,12 @@ LEAST_WITH_SSH = {"ssh-cut": 1}
 @pytest.mark.xfail(
     strict=False,
     reason=(
-        "issue 12 items 1-3, seen on main: a Redis restart leaves a settled run's log "
-        "holding only RUN_FINISHED at seq 1 (the lost log is closed anew, not rebuilt "
-        "from Postgres); ssh runs fail with ssh-failed while the link is cut; "
-        "takeovers spend attempts in the queue and a run whose agent never started "
-        "fails with journal-stalled"
+        "issue 12 items 1-3, seen on main: after a Redis restart a settled run's log "
+        "reads back as RUN_FINISHED alone at seq 1 (the reaper closes the lost log "
+        "anew instead of rebuilding it), and a running run fails with 'unfenced'; "
+        "ssh runs fail with ssh-failed while the sshd is down; takeovers spend "
+        "attempts in the queue, and a run whose agent never started fails with "
+        "journal-stalled"
     ),
 )
 def test_a_two_minute_soak_loses_nothing(tmp_path: Path) -> None:
@@ -54,14 +55,15 @@ def test_a_two_minute_soak_loses_nothing(tmp_path: Path) -> None:
     assert report_path.exists(), done.stdout + done.stderr
     report = json.loads(report_path.read_text())
     summary = done.stdout[-20000:]
-    least = {**LEAST, **(LEAST_WITH_SSH if report["ssh"] else {})}
-    counts = {kind: report["events"].get(kind, 0) for kind in least}
-    assert {kind: n for kind, n in counts.items() if n < least[kind]} == {}, summary
-    assert report["runs_completed"] >= 5, summary
-    assert report["max_attempts_used"] < report["max_attempts"], summary
     assert report["runs_never_settled"] == [], summary
     assert report["failed"] == [], summary
     assert report["mismatched"] == [], summary
     assert (report["chunks_lost"], report["chunks_doubled"]) == (0, 0), summary
     assert report["runs_with_seq_gaps"] == [], summary
+    assert report["max_attempts_used"] < report["max_attempts"], summary
     assert done.returncode == 0, summary
+    # and the chaos really happened, to runs that really ran
+    least = {**LEAST, **(LEAST_WITH_SSH if report["ssh"] else {})}
+    counts = {kind: report["events"].get(kind, 0) for kind in least}
+    assert {kind: n for kind, n in counts.items() if n < least[kind]} == {}, summary
+    assert report["runs_completed"] >= 5, summary
