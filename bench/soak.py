@@ -91,7 +91,7 @@ LEASE_TTL = 3.0
 TIMING = {"lease_ttl": LEASE_TTL, "heartbeat_interval": 1.0, "reconcile_interval": 1.0}
 """The issue's busy-fleet timing: tighter leases turn CPU starvation on a shared
 2-core host into takeovers that no failure caused."""
-KILL_SHARE = 0.25
+KILL_SHARE = 0.15
 """Of the worker failures, the share that are SIGKILLs (a restart costs seconds of CPU)."""
 MIN_UP_FOR_A_KILL = 2
 """A SIGKILL only while at least this many workers have started (else a SIGSTOP)."""
@@ -644,7 +644,7 @@ class Soak:
         return self.check(chaos_seconds)
 
     def chaos_step(self, now: float, processes: Processes, database_url: str) -> None:
-        """Whatever failure is due now: a worker every 0.4 to 2.0 s (a quarter of them
+        """Whatever failure is due now: a worker every 0.4 to 2.0 s (about a sixth of them
         SIGKILLs), Postgres every 5 to 15 s, Redis every 40 to 80 s, ssh every 20 to 40 s."""
         rng, plan = self.rng, self.plan
         self.replace_exited(processes)

@@ -66,4 +66,4 @@ def test_a_two_minute_soak_loses_nothing(tmp_path: Path) -> None:
     least = {**LEAST, **(LEAST_WITH_SSH if report["ssh"] else {})}
     counts = {kind: report["events"].get(kind, 0) for kind in least}
     assert {kind: n for kind, n in counts.items() if n < least[kind]} == {}, summary
-    assert report["runs_completed"] >= 5, summary
+    assert report["runs_completed"] >= 3, summary
