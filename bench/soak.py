@@ -924,9 +924,10 @@ def main() -> int:
     parser.add_argument("--settle-timeout", type=float, default=600.0)
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (logs)")
+    parser.add_argument("--workdir-parent", type=Path, default=None, help="default: $TMPDIR")
     args = parser.parse_args()
     configure_logging(level="WARNING")
-    workdir = Path(tempfile.mkdtemp(prefix="tk-soak-"))
+    workdir = Path(tempfile.mkdtemp(prefix="tk-soak-", dir=args.workdir_parent))
     report = Soak(args, workdir).run()
     if report["ok"] and not args.keep:  # a failed soak keeps its fleet's logs
         shutil.rmtree(workdir, ignore_errors=True)

@@ -45,7 +45,10 @@ LEAST_WITH_SSH = {"ssh-cut": 1}
 def test_a_two_minute_soak_loses_nothing(tmp_path: Path) -> None:
     report_path = tmp_path / "soak.json"
     done = subprocess.run(
-        [sys.executable, str(SOAK), "--minutes", str(MINUTES), "--json", str(report_path)],
+        [
+            *(sys.executable, str(SOAK), "--minutes", str(MINUTES)),
+            *("--json", str(report_path), "--workdir-parent", str(tmp_path)),
+        ],
         cwd=SOAK.parent,
         env=dict(os.environ),
         capture_output=True,
