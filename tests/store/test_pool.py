@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import psycopg
 import pytest
+import sqlalchemy as sa
 
 from tests.store.conftest import admit
 from turnkeeper.config import plain_postgres_url
@@ -76,6 +77,43 @@ def test_a_connection_killed_by_the_server_is_replaced(database_url: str) -> Non
         assert outcomes == ["unavailable", "ok"]
         (replacement,) = _settled_backends(database_url, lambda b: backend not in b)
         assert replacement != backend
+
+
+def test_when_the_server_ends_every_connection_one_call_fails_not_one_per_connection(
+    database_url: str,
+) -> None:
+    """A restart or an operator's terminate ends all of the pool's connections at once:
+    the first call that meets a dead one fails (retryable), and the pool tests the
+    rest right then, so the retry runs on a live connection, not on the next corpse."""
+    with Store(database_url, pool_size=4) as store:
+        admit(store, "r1")
+        start = threading.Barrier(4)
+
+        def hold() -> None:  # four calls at once make the pool open four connections
+            start.wait()
+            with store._db.transaction("hold") as tx:
+                tx.scalar(sa.text("SELECT pg_sleep(0.3)"), {})
+
+        threads = [threading.Thread(target=hold) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        backends = _backends(database_url)
+        assert len(backends) == 4
+        with psycopg.connect(plain_postgres_url(database_url), autocommit=True) as admin:
+            for backend in backends:
+                admin.execute("SELECT pg_terminate_backend(%s)", (backend,))
+        _settled_backends(database_url, lambda b: not set(b) & set(backends))
+        outcomes: list[str] = []
+        for _ in range(4):
+            try:
+                run = store.get_run("r1")
+            except StoreUnavailableError:
+                outcomes.append("unavailable")
+            else:
+                outcomes.append("ok" if run is not None and run.run_id == "r1" else "wrong")
+        assert outcomes == ["unavailable", "ok", "ok", "ok"]
 
 
 def test_a_failed_statement_leaves_the_connection_usable(database_url: str) -> None:

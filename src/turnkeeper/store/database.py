@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import psycopg
 import sqlalchemy as sa
 from psycopg import pq
 from psycopg.rows import DictRow, dict_row
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from turnkeeper.config import plain_postgres_url
 from turnkeeper.errors import (
@@ -35,6 +35,8 @@ from turnkeeper.store.records import Claim, Verdict
 # psycopg_pool's PoolTimeout and PoolClosed are OperationalErrors too.
 _UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError)
 _DRIVER_ERRORS = (psycopg.Error,)
+# A connection the server closed, as opposed to a pool that gave none in time.
+_BROKEN = (psycopg.OperationalError, psycopg.InterfaceError)
 _POOL_TIMEOUT = 30.0
 _RECYCLE = 1800.0
 _CONNECT_TIMEOUT = 10
@@ -145,8 +147,25 @@ class Database:
 
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[DictRow]]:
-        with (self._pool or self._open_pool()).connection() as conn:
-            yield conn
+        pool = self._pool or self._open_pool()
+        try:
+            with pool.connection() as conn:
+                yield conn
+        except _BROKEN as exc:
+            if isinstance(exc, (PoolTimeout, PoolClosed)):
+                raise
+            # The server ended this connection (a restart, a failover, an operator's
+            # pg_terminate_backend): it usually ended its idle siblings too. Test them
+            # now, so that the caller's retry gets a live one rather than the next
+            # dead one of the pool, each costing a retry out of the lease.
+            self._discard_broken(pool)
+            raise
+
+    @staticmethod
+    def _discard_broken(pool: ConnectionPool[psycopg.Connection[DictRow]]) -> None:
+        # The server may be down: then the next checkout reconnects or times out.
+        with suppress(psycopg.Error):
+            pool.check()
 
     def rows(
         self, operation: str, statement: sa.TextClause, params: Mapping[str, Any], **fields: Any
