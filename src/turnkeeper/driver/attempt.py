@@ -5,9 +5,10 @@ The output of a run is a pure function of what Postgres holds (``replay``): a
 fresh attempt produces it live; a successor reproduces it from byte 0 (from the
 living journal, or from the segments when the sandbox is gone) and the aligner
 suppresses what clients already have. The takeover path, in reading order:
-``reconciler.reconcile`` hands the run over; ``take_over`` below adopts it and
-fences the log; ``Attempt.drive`` classifies what survived and replays it
-(``replay``); ``RunOutput.emit`` aligns it (``log.alignment``) and appends the rest.
+``reconciler.reconcile`` hands the run over; ``take_over`` below adopts it (the
+attempt counts from here) and fences the log; ``Attempt.drive`` classifies what
+survived and replays it (``replay``); ``RunOutput.emit`` aligns it
+(``log.alignment``) and appends the rest.
 
 An agent process that is lost (its sandbox gone, dead without a sentinel, never
 started) is given up, and the run goes on in a new process when the agent can
@@ -84,12 +85,19 @@ def run_turn(runtime: WorkerRuntime, run_id: str) -> bool:
 
 
 def take_over(runtime: WorkerRuntime, run_id: str, attempt_id: str, epoch: int) -> bool:
-    """Drive a run handed to ``attempt_id`` by the reconciler; False when that is stale."""
-    run = runtime.store.get_run(run_id)
-    if run is None or run.status is not RunStatus.RUNNING or run.attempt_id != attempt_id:
-        log.info("takeover.stale", run_id=run_id, attempt_id=attempt_id, epoch=epoch)
+    """Adopt the attempt the reconciler handed ``run_id`` to, and drive it.
+
+    The adoption is a compare-and-set on ``attempt_id`` in the store: the attempt's
+    lease starts and it counts only now, so the time the message waited for a free
+    slot cost nothing. False when it was not ours: another delivery of the same
+    message adopted it, or the run moved on (settled, cancelled, handed over again).
+    """
+    lease_ttl = runtime.settings.lease_ttl
+    claim = runtime.store.adopt_attempt(run_id, attempt_id, runtime.owner, lease_ttl)
+    if claim is None:
+        log.info("takeover.not_adopted", run_id=run_id, attempt_id=attempt_id, epoch=epoch)
         return False
-    _own(runtime, Claim(run_id, attempt_id, epoch), fresh=False)
+    _own(runtime, claim, fresh=False)
     return True
 
 
