@@ -43,9 +43,7 @@ def downgrade() -> None:
     op.drop_constraint(op.f("ck_runs_pending_has_no_lease"), "runs", type_="check")
     op.drop_constraint(op.f("ck_runs_owned_when_running"), "runs", type_="check")
     # A run still awaiting adoption gets an expired lease, so a reconciler takes it over.
-    op.execute(
-        "UPDATE runs SET lease_expires_at = handed_over_at WHERE handed_over_at IS NOT NULL"
-    )
+    op.execute("UPDATE runs SET lease_expires_at = handed_over_at WHERE handed_over_at IS NOT NULL")
     op.create_check_constraint(
         op.f("ck_runs_owned_when_running"),
         "runs",
