@@ -23,6 +23,9 @@ from tests.driver.fleet import Fleet
 from tests.driver.test_adoption import AGENT, PROMPT, assert_log_is_oracle, attempts, events
 from turnkeeper.config import Settings
 from turnkeeper.embedded.ports import free_port
+from turnkeeper.errors import SandboxUnreachableError
+from turnkeeper.sandbox.provider import SandboxSpec
+from turnkeeper.sandbox.ssh import SshProvider, SshTarget
 from turnkeeper.store.records import RunStatus
 
 SSHD = "/usr/sbin/sshd"
@@ -136,4 +139,43 @@ def test_the_ssh_link_dropped_for_five_seconds_mid_run(
         assert_log_is_oracle(fleet, done, AGENT, tmp_path / "oracle")
     finally:
         fleet.stop()
+        sshd.stop()
+
+
+def test_ssh_tells_a_dropped_link_from_the_remote_commands_answers(
+    sshd: LoopbackSshd, tmp_path: Path
+) -> None:
+    """Exit 255 is ssh's own (the link); every other status is the command's answer,
+    a command's own 255 included (reported as 254); a gone sandbox is None."""
+    sshd.start()
+    target = SshTarget(
+        host="127.0.0.1",
+        port=sshd.port,
+        root=str(sshd.root),
+        identity_file=sshd.user_key,
+        known_hosts_file=sshd.known_hosts,
+        control_dir=tmp_path / "control",
+    )
+    (tmp_path / "control").mkdir()
+    provider = SshProvider(target)
+    try:
+        ref = provider.create("link-run", SandboxSpec())
+        sandbox = provider.resume(ref)
+        assert sandbox is not None
+        answers = [
+            sandbox.exec(["/bin/sh", "-c", f"exit {code}"]).exit_code for code in (0, 3, 255)
+        ]
+        assert answers == [0, 3, 254]
+        sshd.cut()
+        with pytest.raises(SandboxUnreachableError) as unreachable:
+            sandbox.exec(["true"])
+        assert unreachable.value.reason == "ssh-unreachable"
+        with pytest.raises(SandboxUnreachableError):
+            provider.resume(ref)  # out of reach is not gone
+        sshd.start()
+        assert sandbox.exec(["/bin/sh", "-c", "exit 7"]).exit_code == 7
+        provider.destroy(ref)
+        assert provider.resume(ref) is None  # gone: the answer a run may fail on
+    finally:
+        provider.close()
         sshd.stop()

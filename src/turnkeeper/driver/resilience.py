@@ -70,7 +70,7 @@ def sandbox_retry_policy(budget: float = SANDBOX_RETRY_BUDGET) -> Retrying:
     return Retrying(
         retry=retry_if_exception(is_transport_error),
         stop=stop_after_delay(budget),
-        wait=wait_exponential_jitter(initial=0.2, max=3.0),
+        wait=wait_exponential_jitter(multiplier=0.2, max=3.0),
         reraise=True,
         before_sleep=lambda state: log.warning(
             "sandbox.retrying",
