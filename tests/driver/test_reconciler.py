@@ -283,3 +283,18 @@ def test_reap_ends_the_open_log_of_a_settled_run(runtime: WorkerRuntime) -> None
     assert chunks[-1] == {"type": "RUN_ERROR", "message": error["message"], "code": "agent-exit"}
     assert runtime.log.state("open-1").closed
     assert reconciler.reap(runtime).logs_ended == 0
+
+
+def test_a_forced_handoff_takes_a_run_awaiting_adoption(runtime: WorkerRuntime) -> None:
+    attempt_id, epoch = _handed_over(runtime, "forced-1")
+    # No lease runs, so none has expired: only a forced handoff takes it.
+    assert runtime.store.replace_turn_slot_attempt("forced-1", attempt_id, "op", 5) is None
+    forced = runtime.store.replace_turn_slot_attempt(
+        "forced-1", attempt_id, "op", 5, only_if_expired=False
+    )
+    assert forced is not None
+    assert forced.epoch == epoch + 1
+    run = runtime.store.get_run("forced-1")
+    assert run is not None
+    assert (run.owner, run.attempt_count, run.awaiting_adoption) == ("op", 2, False)
+    assert runtime.store.adopt_attempt("forced-1", attempt_id, "late", 5) is None

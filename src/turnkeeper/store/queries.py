@@ -143,13 +143,15 @@ WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
 RETURNING lease_expires_at
 """)
 
-# The handoff: the lease expiry is checked on the database clock in the same
-# statement that moves ownership, so a lease renewed a moment ago cannot be stolen.
+# The forced handoff (an operator's, a test's): the new attempt owns the run and
+# counts at once. The lease expiry is checked on the database clock in the same
+# statement that moves ownership, so a lease renewed a moment ago cannot be stolen;
+# a run awaiting adoption has no lease, so only a forced handoff takes it.
 REPLACE_ATTEMPT = _sql("""
 WITH replaced AS (
     UPDATE runs SET attempt_id = :new_attempt_id, epoch = epoch + 1,
         attempt_count = attempt_count + 1, owner = :owner,
-        lease_expires_at = $lease, updated_at = now()
+        lease_expires_at = $lease, handed_over_at = NULL, updated_at = now()
     WHERE run_id = :run_id AND status = 'running' AND attempt_id = :expected_attempt_id
       AND (NOT CAST(:only_if_expired AS boolean) OR lease_expires_at < now())
     RETURNING run_id, attempt_id, epoch
