@@ -25,6 +25,7 @@ import argparse
 import os
 import signal
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -96,8 +97,8 @@ def main() -> None:
 
 
 VICTIM = {"preset": "scripted", "turns": 3, "pace": 0.1, "seed": 5}
-BLOCKER = {"preset": "scripted", "turns": 3, "pace": 0.1, "seed": 6}
-"""80 lines at 0.1 s: the blocker runs ~8 s, past the lease and reconcile after the kill."""
+BLOCKER = {"preset": "scripted", "turns": 3, "pace": 0.2, "seed": 6}
+"""80 lines at 0.2 s: the blocker runs ~16 s, past the lease and reconcile after the kill."""
 
 
 def saturated(fleet: BenchFleet, kills: int) -> None:
@@ -108,10 +109,16 @@ def saturated(fleet: BenchFleet, kills: int) -> None:
     client = Client.from_settings(fleet.settings)
     url = fleet.settings.require_database_url()
     waits, after_free, after_adopt, attempts = [], [], [], []
-    for trial in range(kills):
-        victim = client.submit(VICTIM, f"victim {trial}")
+    trial = 0
+    while len(waits) < kills:
+        trial += 1
+        # The blocker first: the victim starts only once both slots (a restarted worker
+        # may take a while to boot) are up, so it is mid-stream when its owner dies.
         blocker = client.submit(BLOCKER, f"blocker {trial}")
-        while any(client.require(r.run_id).owner is None for r in (victim, blocker)):
+        while client.require(blocker.run_id).owner is None:
+            time.sleep(0.01)
+        victim = client.submit(VICTIM, f"victim {trial}")
+        while client.require(victim.run_id).owner is None:
             time.sleep(0.01)
         while len(client.log.snapshot(victim.run_id)) < 10:
             time.sleep(0.01)
@@ -133,16 +140,18 @@ def saturated(fleet: BenchFleet, kills: int) -> None:
         assert handed is not None, "the handover ended the first attempt"
         assert adopted is not None, "a worker adopted the second"
         assert freed is not None, "the blocker settled"
+        if freed < handed:
+            print(f"trial {trial}: the blocker ended before the handover, not saturated")
+            _settle_and_replace(client, victim.run_id, workers, dead, fleet)
+            continue
         waits.append(first_chunk - handed.timestamp())
         after_free.append(first_chunk - freed.timestamp())
         after_adopt.append(first_chunk - adopted.timestamp())
-        while not client.require(victim.run_id).status.is_terminal:
-            time.sleep(0.05)
-        attempts.append(client.require(victim.run_id).attempt_count)
-        workers[workers.index(dead)] = fleet.worker()
+        attempts.append(_settle_and_replace(client, victim.run_id, workers, dead, fleet))
         print(
-            f"kill {trial + 1:>2}: handover -> first chunk {waits[-1]:.2f}s "
-            f"(slot freed -> first chunk {after_free[-1]:.2f}s), attempts {attempts[-1]}"
+            f"kill {len(waits):>2}: handover -> first chunk {waits[-1]:.2f}s "
+            f"(slot freed -> first chunk {after_free[-1]:.2f}s), attempts {attempts[-1]}",
+            flush=True,
         )
     client.close()
     print(f"\nsaturated fleet, {len(waits)} kills, lease {LEASE}s, reconcile {RECONCILE}s:")
@@ -156,6 +165,20 @@ def saturated(fleet: BenchFleet, kills: int) -> None:
             f"max {max(values):.2f}s"
         )
     print(f"  attempts used per run: max {max(attempts)} (1 claim + 1 adoption = 2)")
+
+
+def _settle_and_replace(
+    client: Client,
+    run_id: str,
+    workers: list[subprocess.Popen[bytes]],
+    dead: subprocess.Popen[bytes],
+    fleet: BenchFleet,
+) -> int:
+    """Until the victim settles; then the killed worker is replaced. Its attempts."""
+    while not client.require(run_id).status.is_terminal:
+        time.sleep(0.05)
+    workers[workers.index(dead)] = fleet.worker()
+    return client.require(run_id).attempt_count
 
 
 if __name__ == "__main__":
