@@ -118,6 +118,15 @@ class SandboxGoneError(SandboxError):
     """The sandbox no longer exists."""
 
 
+class SandboxUnreachableError(SandboxError, ServiceError):
+    """The sandbox's host could not be reached; the sandbox itself may be fine.
+
+    A transport failure (an ssh connection dropped or refused, a command that never
+    answered), never an answer from the sandbox: retried, and never a reason to fail
+    a run.
+    """
+
+
 class EgressProxyError(SandboxError):
     """The egress proxy for sandboxed agents could not be started."""
 

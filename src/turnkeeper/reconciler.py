@@ -1,4 +1,4 @@
-"""The beat-driven sweeps: hand expired runs to new attempts, reap sandboxes, prune.
+"""The beat-driven sweeps: hand expired runs over to new attempts, reap sandboxes, prune.
 
 Every sweep is safe to run several times at once (two beats, an operator's
 ``--once``): rows are taken with ``FOR UPDATE SKIP LOCKED`` in the store, log
@@ -19,7 +19,7 @@ from turnkeeper.driver import lifecycle
 from turnkeeper.driver.output import end_log
 from turnkeeper.errors import LogClosedError, LogFencedError, TurnkeeperError
 from turnkeeper.sandbox import SandboxRef
-from turnkeeper.store.records import Run
+from turnkeeper.store.records import Claim, Run
 from turnkeeper.workers.runtime import WorkerRuntime
 
 log = structlog.get_logger(__name__)
@@ -30,6 +30,9 @@ BATCH = 100
 @dataclass(frozen=True)
 class ReconcileReport:
     taken_over: int
+    """Expired runs handed over to new attempts (each awaits a worker's adoption)."""
+    redispatched: int
+    """Takeover messages sent again for handed-over runs nobody adopted in time."""
     failed: int
     requeued: int
 
@@ -47,24 +50,46 @@ def reconcile(
     enqueue_takeover: Callable[[str, str, int], None],
     enqueue_run: Callable[[str], None],
 ) -> ReconcileReport:
-    """Expired leases -> new attempts (takeover enqueued); exhausted runs -> failed."""
+    """Expired leases -> handed over (takeover enqueued); exhausted runs -> failed.
+
+    A handover fences the expired attempt at once, in the store and in the run log,
+    but spends no attempt: the attempt counts, and its lease starts, when a worker
+    adopts it (``driver.take_over``). A takeover message nobody acted on within
+    ``requeue_after`` is sent again, for the same attempt and epoch, exactly like a
+    queued run's; however often that happens, only one worker adopts the attempt.
+    """
     settings = rt.settings
     failed = rt.store.expire_exhausted(BATCH)
     for run in failed:
         end_run_log(rt, run)
-    claims = rt.store.reclaim_expired(rt.owner, settings.lease_ttl, BATCH)
-    for claim in claims:
+    handed = rt.store.hand_over_expired(BATCH)
+    for claim in handed:
+        _fence_log(rt, claim)
         enqueue_takeover(claim.run_id, claim.attempt_id, claim.epoch)
         log.info("takeover.enqueued", run_id=claim.run_id, epoch=claim.epoch)
+    redispatched = rt.store.redispatch_takeovers(settings.requeue_after, BATCH)
+    for claim in redispatched:
+        enqueue_takeover(claim.run_id, claim.attempt_id, claim.epoch)
+        log.info("takeover.redispatched", run_id=claim.run_id, epoch=claim.epoch)
     stale = rt.store.stale_queued_runs(settings.requeue_after, BATCH)
     for run in stale:
         enqueue_run(run.run_id)
         rt.store.mark_dispatched(run.run_id)
         log.info("run.requeued", run_id=run.run_id)
-    report = ReconcileReport(len(claims), len(failed), len(stale))
-    if claims or failed or stale:
+    report = ReconcileReport(len(handed), len(redispatched), len(failed), len(stale))
+    if handed or redispatched or failed or stale:
         log.info("reconcile.done", **report.__dict__)
     return report
+
+
+def _fence_log(rt: WorkerRuntime, claim: Claim) -> None:
+    """Refuse the expired attempt's appends to the run log now, not only once a worker
+    adopts its successor (which fences again, at the same epoch). Best effort: a log
+    that cannot be reached now is fenced by the adopter."""
+    try:
+        rt.log.fence(claim.run_id, claim.epoch)
+    except TurnkeeperError as exc:
+        log.warning("takeover.fence_deferred", run_id=claim.run_id, error=str(exc))
 
 
 def end_run_log(rt: WorkerRuntime, run: Run) -> None:

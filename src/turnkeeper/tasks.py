@@ -15,11 +15,24 @@ not hold messages that an idle worker could run now.
 Two queues, so that control work never waits behind turns: ``<ns>.turns`` (long
 ``run_turn`` and ``takeover`` tasks) and ``<ns>.control`` (``reconcile``, ``reap``,
 ``prune``), served by ``turnkeeper worker`` and ``turnkeeper beat`` respectively.
+
+Takeovers are served before new runs, by message priority within the turns queue
+(``TurnPriorities``): a run already started waits for a slot only behind other
+takeovers. The two brokers spell priority in opposite directions. On Redis, kombu
+keeps one list per step of ``priority_steps`` and pops them in that order with one
+BRPOP, so priority 0 is served first, whatever ``queue_order_strategy`` (that only
+orders queues within one step); with ``worker_disable_prefetch`` a busy worker takes
+no message at all, so every waiting message is still ordered. On RabbitMQ the queue
+is declared with ``x-max-priority`` and the higher number wins; Celery ignores
+``worker_disable_prefetch`` there, so each busy worker process may hold one message
+it was already given (early acknowledgement frees its prefetch slot), which a
+takeover then waits behind.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -48,13 +61,35 @@ def control_queue(settings: Settings) -> str:
     return f"{settings.namespace}.control"
 
 
+@dataclass(frozen=True)
+class TurnPriorities:
+    """The message priorities of the turns queue on one broker."""
+
+    takeover: int
+    run: int
+    queue_arguments: dict[str, Any] | None = None
+    transport_options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def for_broker(cls, broker_url: str) -> TurnPriorities:
+        if _is_redis(broker_url):
+            # Two steps (lists) are all the turns queue needs; lower is served first.
+            return cls(takeover=0, run=9, transport_options={"priority_steps": [0, 9]})
+        return cls(takeover=1, run=0, queue_arguments={"x-max-priority": 1})
+
+
+def _is_redis(broker_url: str) -> bool:
+    return broker_url.startswith(("redis://", "rediss://", "unix://"))
+
+
 def create_app(settings: Settings) -> Celery:
     """A Celery app for ``settings`` (both service URLs set). Connects nothing yet."""
     broker = settings.effective_broker_url
     app = Celery("turnkeeper", broker=broker, set_as_current=False)
     turns, control = turns_queue(settings), control_queue(settings)
-    transport_options: dict[str, Any] = {}
-    if broker.startswith(("redis://", "rediss://", "unix://")):
+    priorities = TurnPriorities.for_broker(broker)
+    transport_options: dict[str, Any] = dict(priorities.transport_options)
+    if _is_redis(broker):
         # Every kombu key under the namespace: fleets (and tests) sharing a Redis stay apart.
         transport_options["global_keyprefix"] = f"{settings.namespace}:celery:"
     app.conf.update(
@@ -66,7 +101,10 @@ def create_app(settings: Settings) -> Celery:
         task_acks_late=False,
         worker_disable_prefetch=True,
         worker_prefetch_multiplier=1,
-        task_queues=(Queue(turns), Queue(control)),
+        task_queues=(
+            Queue(turns, queue_arguments=priorities.queue_arguments),
+            Queue(control),
+        ),
         task_default_queue=control,
         task_routes={
             RUN_TURN: {"queue": turns},
@@ -131,14 +169,19 @@ def close_on_shutdown(**_: Any) -> None:
 
 def enqueue_run(app: Celery, settings: Settings, run_id: str) -> None:
     """Trigger ``run_turn`` for an admitted run (losing this message loses nothing)."""
-    app.send_task(RUN_TURN, args=[run_id], queue=turns_queue(settings))
+    priority = TurnPriorities.for_broker(settings.effective_broker_url).run
+    app.send_task(RUN_TURN, args=[run_id], queue=turns_queue(settings), priority=priority)
 
 
 def enqueue_takeover(
     app: Celery, settings: Settings, run_id: str, attempt_id: str, epoch: int
 ) -> None:
-    """Trigger ``takeover`` for a run the reconciler handed to ``attempt_id``."""
-    app.send_task(TAKEOVER, args=[run_id, attempt_id, epoch], queue=turns_queue(settings))
+    """Trigger ``takeover`` for a run the reconciler handed to ``attempt_id``: served
+    before any new run (losing or repeating this message loses nothing either)."""
+    priority = TurnPriorities.for_broker(settings.effective_broker_url).takeover
+    app.send_task(
+        TAKEOVER, args=[run_id, attempt_id, epoch], queue=turns_queue(settings), priority=priority
+    )
 
 
 def enqueuers(app: Celery, settings: Settings) -> dict[str, Callable[..., None]]:

@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,7 +59,118 @@ def test_ten_reconcilers_racing_hand_a_run_over_once(runtime: WorkerRuntime) -> 
     run = runtime.store.get_run("race-1")
     assert run is not None
     assert takeovers == [("race-1", run.attempt_id, 2)]
-    assert (run.epoch, run.attempt_count, run.status) == (2, 2, RunStatus.RUNNING)
+    # Handed over, not adopted: the attempt is not counted and holds no lease yet.
+    assert (run.epoch, run.attempt_count, run.status) == (2, 1, RunStatus.RUNNING)
+    assert (run.owner, run.lease_expires_at) == (None, None)
+    assert run.awaiting_adoption
+    assert runtime.log.state("race-1").epoch == 2, "the dead owner's appends are refused now"
+
+
+def _handed_over(rt: WorkerRuntime, run_id: str, **admit: Any) -> tuple[str, int]:
+    """An expired run handed over by one reconcile: its pending (attempt_id, epoch)."""
+    _expired_run(rt, run_id, **admit)
+    sent: list[tuple[str, str, int]] = []
+    reconciler.reconcile(rt, enqueue_takeover=lambda *a: sent.append(a), enqueue_run=_no_run)
+    assert [args[0] for args in sent] == [run_id]
+    return sent[0][1], sent[0][2]
+
+
+def _no_run(run_id: str) -> None:
+    pytest.fail(f"nothing queued, yet {run_id} was")
+
+
+def test_duplicate_takeover_messages_adopt_once(runtime: WorkerRuntime) -> None:
+    attempt_id, epoch = _handed_over(runtime, "dup-1")
+    barrier = threading.Barrier(8)
+    adopted: list[Any] = []
+
+    def one(index: int) -> None:
+        barrier.wait()
+        claim = runtime.store.adopt_attempt("dup-1", attempt_id, f"worker-{index}", 5)
+        adopted.append((f"worker-{index}", claim))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wins = [(owner, claim) for owner, claim in adopted if claim is not None]
+    assert [(c.run_id, c.attempt_id, c.epoch) for _, c in wins] == [("dup-1", attempt_id, epoch)]
+    assert len(adopted) == 8
+    run = runtime.store.get_run("dup-1")
+    assert run is not None
+    assert (run.epoch, run.attempt_count, run.awaiting_adoption) == (2, 2, False)
+    assert run.owner == wins[0][0]
+    assert run.lease_expires_at is not None
+    # A late delivery of the same message, once adopted, adopts nothing either.
+    assert runtime.store.adopt_attempt("dup-1", attempt_id, "late", 5) is None
+
+
+def test_a_lost_takeover_is_sent_again_without_spending_an_attempt(
+    runtime: WorkerRuntime,
+) -> None:
+    attempt_id, epoch = _handed_over(runtime, "wait-1", max_attempts=2)
+    sent: list[tuple[str, str, int]] = []
+    for _ in range(3):  # requeue_after is 0.2 s here: each sweep finds the message stale
+        time.sleep(0.3)
+        report = reconciler.reconcile(
+            runtime, enqueue_takeover=lambda *a: sent.append(a), enqueue_run=_no_run
+        )
+        assert (report.taken_over, report.redispatched, report.failed) == (0, 1, 0)
+    assert sent == [("wait-1", attempt_id, epoch)] * 3, "same attempt, same epoch"
+    run = runtime.store.get_run("wait-1")
+    assert run is not None
+    assert (run.epoch, run.attempt_count, run.status) == (2, 1, RunStatus.RUNNING)
+    # However long it waited, the handed-over attempt is still there to adopt.
+    claim = runtime.store.adopt_attempt("wait-1", attempt_id, "worker", 5)
+    assert claim is not None
+    assert runtime.store.get_run("wait-1").attempt_count == 2  # type: ignore[union-attr]
+
+
+def test_a_cancel_settles_a_run_awaiting_adoption(runtime: WorkerRuntime) -> None:
+    attempt_id, _ = _handed_over(runtime, "pending-cancel")
+    assert runtime.store.request_cancel("pending-cancel") is not None
+    assert runtime.store.adopt_attempt("pending-cancel", attempt_id, "worker", 5) is None
+    report = reconciler.reconcile(
+        runtime, enqueue_takeover=lambda *a: pytest.fail("no takeover"), enqueue_run=_no_run
+    )
+    assert report.failed == 1
+    run = runtime.store.get_run("pending-cancel")
+    assert run is not None
+    assert (run.status, run.attempt_count, run.awaiting_adoption) == (RunStatus.ABORTED, 1, False)
+    assert run.error == {
+        "reason": "cancelled",
+        "message": "the run was cancelled and its owner is gone",
+    }
+    assert [chunk for _, chunk in runtime.log.snapshot("pending-cancel")] == [
+        {"type": "RUN_STARTED", "threadId": "pending-cancel", "runId": "pending-cancel"},
+        {"type": "RUN_ERROR", "message": run.error["message"], "code": "cancelled"},
+    ]
+    assert runtime.log.state("pending-cancel").closed
+
+
+def test_a_deadline_settles_a_run_awaiting_adoption(runtime: WorkerRuntime) -> None:
+    runtime.store.admit_run(
+        "pending-late", "pending-late", {"agent": AGENT}, max_attempts=5, deadline=0.6
+    )
+    claim = runtime.store.claim_run("pending-late", "owner-that-died", 0.05)
+    assert claim is not None
+    time.sleep(0.1)
+    sent: list[tuple[str, str, int]] = []
+    reconciler.reconcile(runtime, enqueue_takeover=lambda *a: sent.append(a), enqueue_run=_no_run)
+    assert [args[0] for args in sent] == ["pending-late"]
+    time.sleep(0.6)  # past the deadline, still awaiting adoption
+    assert runtime.store.adopt_attempt("pending-late", sent[0][1], "worker", 5) is None
+    reconciler.reconcile(
+        runtime, enqueue_takeover=lambda *a: pytest.fail("no takeover"), enqueue_run=_no_run
+    )
+    run = runtime.store.get_run("pending-late")
+    assert run is not None
+    assert (run.status, run.attempt_count) == (RunStatus.FAILED, 1)
+    assert run.error == {"reason": "deadline-exceeded", "message": "the run passed its deadline"}
+    assert [chunk for _, chunk in runtime.log.snapshot("pending-late")] == [
+        {"type": "RUN_ERROR", "message": "the run passed its deadline", "code": "deadline-exceeded"}
+    ]
 
 
 def test_a_run_out_of_attempts_fails_with_an_error_chunk(runtime: WorkerRuntime) -> None:
@@ -172,3 +284,18 @@ def test_reap_ends_the_open_log_of_a_settled_run(runtime: WorkerRuntime) -> None
     assert chunks[-1] == {"type": "RUN_ERROR", "message": error["message"], "code": "agent-exit"}
     assert runtime.log.state("open-1").closed
     assert reconciler.reap(runtime).logs_ended == 0
+
+
+def test_a_forced_handoff_takes_a_run_awaiting_adoption(runtime: WorkerRuntime) -> None:
+    attempt_id, epoch = _handed_over(runtime, "forced-1")
+    # No lease runs, so none has expired: only a forced handoff takes it.
+    assert runtime.store.replace_turn_slot_attempt("forced-1", attempt_id, "op", 5) is None
+    forced = runtime.store.replace_turn_slot_attempt(
+        "forced-1", attempt_id, "op", 5, only_if_expired=False
+    )
+    assert forced is not None
+    assert forced.epoch == epoch + 1
+    run = runtime.store.get_run("forced-1")
+    assert run is not None
+    assert (run.owner, run.attempt_count, run.awaiting_adoption) == ("op", 2, False)
+    assert runtime.store.adopt_attempt("forced-1", attempt_id, "late", 5) is None

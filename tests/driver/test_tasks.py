@@ -22,6 +22,7 @@ from turnkeeper.tasks import (
     RECONCILE,
     RUN_TURN,
     TAKEOVER,
+    TurnPriorities,
     control_queue,
     create_app,
     turns_queue,
@@ -53,6 +54,21 @@ def test_the_app_routes_turns_and_control_apart(settings: Settings) -> None:
     schedule = conf.beat_schedule
     assert {entry["task"] for entry in schedule.values()} == {RECONCILE, REAP, PRUNE}
     assert schedule["reconcile"]["schedule"].total_seconds() == settings.reconcile_interval
+
+
+def test_takeovers_outrank_new_runs_on_either_broker(settings: Settings) -> None:
+    """Redis pops priority 0 first (kombu's steps); RabbitMQ serves the higher number."""
+    redis_app = create_app(settings)
+    assert redis_app.conf.broker_transport_options["priority_steps"] == [0, 9]
+    assert TurnPriorities.for_broker("redis://r:6379/0") == TurnPriorities(
+        takeover=0, run=9, transport_options={"priority_steps": [0, 9]}
+    )
+    amqp = settings.model_copy(update={"broker_url": "amqp://guest:guest@mq:5672//"})
+    queues = {queue.name: queue for queue in create_app(amqp).conf.task_queues}
+    assert queues[turns_queue(amqp)].queue_arguments == {"x-max-priority": 1}
+    assert queues[control_queue(amqp)].queue_arguments is None
+    assert TurnPriorities.for_broker("amqp://mq//").takeover == 1
+    assert TurnPriorities.for_broker("amqp://mq//").run == 0
 
 
 def test_a_run_through_celerys_in_process_worker(settings: Settings, tmp_path: Path) -> None:

@@ -41,7 +41,5 @@ def skewed(database_url: str, skew: float, action: str, run_id: str, out: Queue[
             assert claim is not None
             result["attempt_id"] = claim.attempt_id
         else:
-            result["reclaimed"] = [
-                (c.run_id, c.epoch) for c in store.reclaim_expired("skewed", 30, 10)
-            ]
+            result["reclaimed"] = [(c.run_id, c.epoch) for c in store.hand_over_expired(10)]
     out.put(result)

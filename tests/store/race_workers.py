@@ -51,7 +51,7 @@ def reclaimers(url: str, tag: str, threads: int, barrier: Barrier, out: Queue[An
         def one(i: int) -> None:
             barrier.wait(timeout=60)
             got: list[tuple[str, int]] = []
-            while batch := store.reclaim_expired(f"{tag}-{i}", 30, 3):
+            while batch := store.hand_over_expired(3):
                 got.extend((c.run_id, c.epoch) for c in batch)
             out.put(got)
 

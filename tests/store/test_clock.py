@@ -57,7 +57,7 @@ def test_a_worker_clock_hours_ahead_neither_shortens_nor_lengthens_its_lease(
     assert run.lease_expires_at > store.database_now()
     # On the database clock the lease is live: no takeover, whatever the worker's clock says.
     assert store.replace_turn_slot_attempt("r1", seen["attempt_id"], "rec", 30) is None
-    assert store.reclaim_expired("rec", 30, 10) == []
+    assert store.hand_over_expired(10) == []
     assert store.expired_runs(10) == []
 
 

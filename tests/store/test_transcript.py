@@ -99,7 +99,7 @@ def test_delete_session_is_refused_while_busy_and_leaves_receipts(store: Store) 
     assert store.admit_run("r3", "s1", {}, max_attempts=1, deadline=None)[1]
 
 
-def test_reclaim_expired_replaces_only_expired_runs_within_budget(store: Store) -> None:
+def test_hand_over_expired_hands_over_only_expired_runs_within_budget(store: Store) -> None:
     fresh = claimed(store, "fresh", "s1")
     stale = claimed(store, "stale", "s2")
     spent = claimed(store, "spent", "s3", max_attempts=1)
@@ -110,11 +110,15 @@ def test_reclaim_expired_replaces_only_expired_runs_within_budget(store: Store) 
     time.sleep(0.05)
     assert store.request_cancel("cancelled") is not None
     assert [r.run_id for r in store.expired_runs(10)] == ["stale", "spent", "late", "cancelled"]
-    claims = store.reclaim_expired("reconciler", 30, 10)
+    claims = store.hand_over_expired(10)
     assert [(c.run_id, c.epoch) for c in claims] == [("stale", 2)]
     assert claims[0].attempt_id != stale.attempt_id
-    assert store.get_run("stale").owner == "reconciler"  # type: ignore[union-attr]
-    assert store.reclaim_expired("reconciler", 30, 10) == []
+    handed = store.get_run("stale")
+    assert handed is not None
+    # Awaiting adoption: nobody's, no lease, and the attempt is not counted yet.
+    assert (handed.owner, handed.lease_expires_at, handed.attempt_count) == (None, None, 1)
+    assert handed.awaiting_adoption
+    assert store.hand_over_expired(10) == []
     expired = store.expire_exhausted(10)
     assert [(r.run_id, r.status, r.error["reason"]) for r in expired] == [
         ("spent", "failed", "attempts-exhausted"),

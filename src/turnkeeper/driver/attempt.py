@@ -5,9 +5,10 @@ The output of a run is a pure function of what Postgres holds (``replay``): a
 fresh attempt produces it live; a successor reproduces it from byte 0 (from the
 living journal, or from the segments when the sandbox is gone) and the aligner
 suppresses what clients already have. The takeover path, in reading order:
-``reconciler.reconcile`` hands the run over; ``take_over`` below adopts it and
-fences the log; ``Attempt.drive`` classifies what survived and replays it
-(``replay``); ``RunOutput.emit`` aligns it (``log.alignment``) and appends the rest.
+``reconciler.reconcile`` hands the run over; ``take_over`` below adopts it (the
+attempt counts from here) and fences the log; ``Attempt.drive`` classifies what
+survived and replays it (``replay``); ``RunOutput.emit`` aligns it
+(``log.alignment``) and appends the rest.
 
 An agent process that is lost (its sandbox gone, dead without a sentinel, never
 started) is given up, and the run goes on in a new process when the agent can
@@ -39,7 +40,7 @@ from turnkeeper.driver.replay import (
     stored_exit,
     with_newlines,
 )
-from turnkeeper.driver.resilience import resilient
+from turnkeeper.driver.resilience import is_transport_error, resilient, sandbox_retry_policy
 from turnkeeper.errors import (
     AgentVanishedError,
     JournalError,
@@ -47,6 +48,7 @@ from turnkeeper.errors import (
     OwnershipLostError,
     RecoveryError,
     SandboxError,
+    SandboxUnreachableError,
     ServiceError,
     TurnkeeperError,
 )
@@ -84,12 +86,19 @@ def run_turn(runtime: WorkerRuntime, run_id: str) -> bool:
 
 
 def take_over(runtime: WorkerRuntime, run_id: str, attempt_id: str, epoch: int) -> bool:
-    """Drive a run handed to ``attempt_id`` by the reconciler; False when that is stale."""
-    run = runtime.store.get_run(run_id)
-    if run is None or run.status is not RunStatus.RUNNING or run.attempt_id != attempt_id:
-        log.info("takeover.stale", run_id=run_id, attempt_id=attempt_id, epoch=epoch)
+    """Adopt the attempt the reconciler handed ``run_id`` to, and drive it.
+
+    The adoption is a compare-and-set on ``attempt_id`` in the store: the attempt's
+    lease starts and it counts only now, so the time the message waited for a free
+    slot cost nothing. False when it was not ours: another delivery of the same
+    message adopted it, or the run moved on (settled, cancelled, handed over again).
+    """
+    lease_ttl = runtime.settings.lease_ttl
+    claim = runtime.store.adopt_attempt(run_id, attempt_id, runtime.owner, lease_ttl)
+    if claim is None:
+        log.info("takeover.not_adopted", run_id=run_id, attempt_id=attempt_id, epoch=epoch)
         return False
-    _own(runtime, Claim(run_id, attempt_id, epoch), fresh=False)
+    _own(runtime, claim, fresh=False)
     return True
 
 
@@ -116,7 +125,9 @@ def _own(runtime: WorkerRuntime, claim: Claim, *, fresh: bool) -> None:
         # Expected when a successor took over: stop writing, leave the sandbox to it.
         bound.info("attempt.stopped", reason=exc.reason)
     except ServiceError:
-        raise  # retries ran out: the lease will expire and a successor takes over
+        # Retries ran out (a service, or the sandbox's link): not the run's failure.
+        # The lease will expire and a successor takes over.
+        raise
     except TurnkeeperError as exc:
         if not ownership.held():
             bound.info("attempt.stopped", reason="lease-lost", error=str(exc))
@@ -374,12 +385,36 @@ class Attempt:
         return self._follow(sandbox, journal)
 
     def _follow(self, sandbox: Sandbox, journal: PlacedJournal) -> Ending:
+        """Follow the journal to its end. A broken link to the sandbox is no loss: the
+        read starts again after the last line consumed, with backoff, for at most
+        ``SANDBOX_RETRY_BUDGET`` (``driver/resilience.py``); past that the attempt stops
+        as a service error and a successor takes over, the run never failed for it."""
+        consumed = [0]  # where the last line this attempt consumed ends
+        try:
+            for retry in sandbox_retry_policy():
+                with retry:
+                    return self._follow_from(sandbox, journal, consumed)
+        except JournalError as exc:
+            if not is_transport_error(exc):
+                raise
+            raise SandboxUnreachableError(
+                "the journal could not be followed: the sandbox's host is unreachable",
+                run_id=self.claim.run_id,
+                attempt_id=self.claim.attempt_id,
+                epoch=self.claim.epoch,
+                reason="sandbox-unreachable",
+            ) from exc
+        raise AssertionError("unreachable: the retry loop returns or raises")
+
+    def _follow_from(self, sandbox: Sandbox, journal: PlacedJournal, consumed: list[int]) -> Ending:
         reader = JournalReader(
             sandbox,
             journal.handle.paths,
             nonce=self.place.nonce(journal),
+            from_byte=consumed[0],
             poll_interval=self.settings.journal_poll_interval,
-            first_byte_timeout=self.settings.journal_stall_timeout,
+            # A read resumed after a link failure is no first read: the agent did write.
+            first_byte_timeout=self.settings.journal_stall_timeout if not consumed[0] else None,
             max_bytes=self.settings.journal_max_bytes,
             max_line_bytes=journal.max_line_bytes,
         )
@@ -402,9 +437,16 @@ class Attempt:
                     continue
                 if batch.lines:
                     self._consume(journal, batch.lines)
+                    consumed[0] = batch.lines[-1][1]
                 if not batch.ended:
                     continue
                 if batch.error is not None:
+                    if is_transport_error(batch.error):
+                        # Gone, or only out of reach? Only the provider's answer says gone.
+                        if self.place.resume() is None:
+                            return Lost("sandbox-lost")
+                        self._log.warning("journal.link_lost", error=str(batch.error))
+                        raise batch.error
                     return Lost(self._loss_reason(batch.error))
                 assert batch.exit_code is not None  # noqa: S101 - the reader ended at a sentinel
                 assert batch.end_position is not None  # noqa: S101 - set with the exit code

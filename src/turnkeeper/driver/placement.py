@@ -13,6 +13,10 @@ with, so that a successor cuts an over-long line exactly where the live read did
 whatever ``TURNKEEPER_MAX_LINE_BYTES`` its own worker has; a journal recorded
 without one is read with no cap, as it was when it ran.
 
+Every call to the sandbox here is retried while its host cannot be reached
+(``resilience.sandbox_retry_policy``): ``resume`` answers None only when the
+provider says the sandbox is gone, never because the link is down.
+
 Every sentinel nonce the driver needs is looked up here (``nonce_of``,
 ``sentinel_of``): a random one per agent process, drawn when its journal is planned
 and kept in the record next to the journal's handle, so a successor reads it there.
@@ -26,6 +30,7 @@ from typing import Any
 import structlog
 
 from turnkeeper.driver.ownership import Ownership
+from turnkeeper.driver.resilience import sandbox_retry_policy
 from turnkeeper.errors import JournalExistsError
 from turnkeeper.sandbox import (
     AgentCommand,
@@ -142,6 +147,7 @@ class Placer:
         self.placement = placement
         self.spec = spec
         self.max_line_bytes = max_line_bytes
+        self._link = sandbox_retry_policy()
 
     @property
     def journals(self) -> list[PlacedJournal]:
@@ -152,23 +158,24 @@ class Placer:
     def resume(self) -> Sandbox | None:
         """The run's sandbox, or None when it is known to be gone."""
         ref = self.placement.sandbox
-        return None if ref is None else self.provider.resume(ref)
+        return None if ref is None else self._link(self.provider.resume, ref)
 
     def resume_or_create(self) -> Sandbox:
         return self.resume() or self._create()
 
     def _create(self) -> Sandbox:
-        ref = self.provider.create(self.claim.run_id, self.spec)
+        # A retry after a lost reply makes a second directory: an orphan for the reaper.
+        ref = self._link(self.provider.create, self.claim.run_id, self.spec)
         # Recorded with the first journal, before anything runs in it; a crash before
         # that leaves an empty orphan for the reaper.
         self.placement = Placement(ref, list(self.placement.journals))
-        sandbox = self.provider.resume(ref)
+        sandbox = self._link(self.provider.resume, ref)
         assert sandbox is not None  # noqa: S101 - just created
         return sandbox
 
     def destroy(self) -> None:
         if self.placement.sandbox is not None:
-            self.provider.destroy(self.placement.sandbox)
+            self._link(self.provider.destroy, self.placement.sandbox)
 
     # --- journals ---------------------------------------------------------------------
 
@@ -198,21 +205,26 @@ class Placer:
         return journal
 
     def journal_exists(self, sandbox: Sandbox, journal: PlacedJournal) -> bool:
-        return sandbox.exec(exists_argv(journal.handle.paths), timeout=30).exit_code == 0
+        result = self._link(sandbox.exec, exists_argv(journal.handle.paths), timeout=30)
+        return bool(result.exit_code == 0)
 
     def disarm(self, journal: PlacedJournal) -> None:
         """A writer that never started must never start later (a frozen predecessor may
         still be about to launch it): without its nonce file it exits before the agent."""
         sandbox = self.resume()
         if sandbox is not None:
-            sandbox.exec(["rm", "-f", "--", journal.handle.paths.nonce_file], timeout=30)
+            self._link(
+                sandbox.exec, ["rm", "-f", "--", journal.handle.paths.nonce_file], timeout=30
+            )
 
     def spawn(
         self, sandbox: Sandbox, journal: PlacedJournal, command: AgentCommand, prompt: bytes
     ) -> None:
         """Start the journal's agent process, unless it was started before (a retry)."""
         try:
-            spawn_journaled(
+            # A retry of a start whose reply was lost finds the journal: started before.
+            self._link(
+                spawn_journaled,
                 sandbox,
                 self.claim.run_id,
                 command,

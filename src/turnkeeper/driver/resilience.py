@@ -1,4 +1,5 @@
-"""Retrying transient failures of the store and the log, never a lost lease.
+"""Retrying transient failures of the store, the log and the sandbox link, never a
+lost lease.
 
 A dropped Postgres connection or a Redis failover should not cost a run its
 attempt: the call is retried with backoff for at most one lease period (after
@@ -6,6 +7,15 @@ that a successor may own the run anyway). Only ``ServiceError``s are retried;
 a refused write is an answer, not a failure, and is never retried here.
 Conditional writes stay correct when retried: a write whose reply was lost
 comes back as "already done", which the driver checks against ownership.
+
+The sandbox link is retried the same way, with a budget of its own
+(``SANDBOX_RETRY_BUDGET``): an ssh connection dropped or refused, a command that
+never answered (``SandboxUnreachableError``), a journal follow that keeps ending
+(``JournalError`` with reason ``follow-ended``). The lease keeps being renewed
+meanwhile (the heartbeat talks to Postgres, not to the sandbox), so an outage of the
+link costs no attempt; one longer than the budget stops the attempt as a service
+error, without failing the run, and a successor takes over once the lease runs out.
+A run fails for its sandbox only when the sandbox is known to be gone.
 """
 
 from __future__ import annotations
@@ -16,12 +26,13 @@ from typing import Any, Generic, TypeVar
 import structlog
 from tenacity import (
     Retrying,
+    retry_if_exception,
     retry_if_exception_type,
     stop_after_delay,
     wait_exponential_jitter,
 )
 
-from turnkeeper.errors import ServiceError
+from turnkeeper.errors import JournalError, SandboxUnreachableError, ServiceError
 
 log = structlog.get_logger(__name__)
 
@@ -36,6 +47,33 @@ def retry_policy(budget: float) -> Retrying:
         reraise=True,
         before_sleep=lambda state: log.warning(
             "service.retrying",
+            attempt=state.attempt_number,
+            error=str(state.outcome.exception()) if state.outcome else None,
+        ),
+    )
+
+
+SANDBOX_RETRY_BUDGET = 120.0
+"""Seconds a sandbox transport failure is retried before the attempt gives up."""
+
+
+def is_transport_error(error: BaseException) -> bool:
+    """Whether ``error`` says the sandbox could not be reached, rather than answered."""
+    if isinstance(error, SandboxUnreachableError):
+        return True
+    return isinstance(error, JournalError) and error.reason == "follow-ended"
+
+
+def sandbox_retry_policy(budget: float = SANDBOX_RETRY_BUDGET) -> Retrying:
+    """Retry sandbox transport failures with backoff for ``budget`` seconds; the last
+    error is raised when the budget is spent."""
+    return Retrying(
+        retry=retry_if_exception(is_transport_error),
+        stop=stop_after_delay(budget),
+        wait=wait_exponential_jitter(multiplier=0.2, max=3.0),
+        reraise=True,
+        before_sleep=lambda state: log.warning(
+            "sandbox.retrying",
             attempt=state.attempt_number,
             error=str(state.outcome.exception()) if state.outcome else None,
         ),

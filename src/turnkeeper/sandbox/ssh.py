@@ -36,7 +36,7 @@ from typing import IO
 
 import structlog
 
-from turnkeeper.errors import SandboxError
+from turnkeeper.errors import SandboxError, SandboxUnreachableError
 from turnkeeper.sandbox.cgroup import Limits
 from turnkeeper.sandbox.command import AgentCommand, AgentLaunch, agent_script
 from turnkeeper.sandbox.egress import jail_bind_args, proxy_environment, with_forwarder
@@ -62,6 +62,8 @@ from turnkeeper.sandbox.provider import (
 log = structlog.get_logger(__name__)
 
 SSH_CONNECTION_FAILED = 255
+"""ssh's own exit status when the connection failed; a remote 255 is made 254 (``_remote``)."""
+REMOTE_255_AS = 254
 PASSWD_FILE = "passwd"  # noqa: S105 - the jail's /etc/passwd, no password in it
 GROUP_FILE = "group"
 # Run remotely by the worker's interpreter path: the socket of the remote host's egress
@@ -185,12 +187,20 @@ class SshConnection:
                 timeout=timeout,
                 check=False,
             )
+        except subprocess.TimeoutExpired as exc:
+            # A dropped link leaves ssh waiting on a dead connection: no answer is a
+            # transport failure, not the command's answer.
+            self._master_started = False
+            raise SandboxUnreachableError(
+                f"ssh got no answer in {timeout}s", reason="ssh-unreachable", host=self.target.host
+            ) from exc
         except (OSError, subprocess.SubprocessError) as exc:
             raise SandboxError(f"ssh failed: {exc}", reason="ssh-failed") from exc
         if done.returncode == SSH_CONNECTION_FAILED:
-            raise SandboxError(
+            self._master_started = False  # start a new master once the host answers again
+            raise SandboxUnreachableError(
                 "ssh connection failed: " + done.stderr.decode(errors="replace")[-500:],
-                reason="ssh-failed",
+                reason="ssh-unreachable",
                 host=self.target.host,
             )
         return ExecResult(done.returncode, done.stdout, done.stderr)
@@ -202,8 +212,16 @@ def _env_command(env: Mapping[str, str], argv: Sequence[str]) -> str:
 
 
 def _remote(workspace: str, env: Mapping[str, str], argv: Sequence[str]) -> str:
-    """Shell code that runs argv in the workspace with exactly ``env``."""
-    return f"cd {shlex.quote(workspace)} && exec {_env_command(env, argv)}"
+    """Shell code that runs argv in the workspace with exactly ``env``.
+
+    Exit status 255 is ssh's own for a failed connection, so a command that exits 255
+    itself is reported as 254: every 255 the caller sees is a transport failure, and
+    every other status is the command's real answer.
+    """
+    return (
+        f"cd {shlex.quote(workspace)} && {{ {_env_command(env, argv)}; }}; "
+        f"s=$?; [ $s -eq {SSH_CONNECTION_FAILED} ] && s={REMOTE_255_AS}; exit $s"
+    )
 
 
 class SshProcess:

@@ -53,7 +53,7 @@ class MaintenanceMixin(StoreBase):
     def expired_runs(self, limit: int) -> list[Run]:
         """Running runs whose lease expired on the database clock (a read, for operators).
 
-        To take them over, use ``reclaim_expired``, which locks with SKIP LOCKED.
+        To hand them over, use ``hand_over_expired``, which locks with SKIP LOCKED.
         """
         rows = self._db.rows("expired_runs", q.EXPIRED_RUNS, {"limit": check_limit(limit)})
         return [Run.from_row(r) for r in rows]

@@ -116,32 +116,76 @@ class OwnershipMixin(StoreBase):
         )
         return claim
 
-    def reclaim_expired(self, owner: str, lease_ttl: float, limit: int) -> list[Claim]:
-        """Replace the attempts of up to ``limit`` expired running runs, in one transaction.
+    def hand_over_expired(self, limit: int) -> list[Claim]:
+        """Hand up to ``limit`` expired running runs to new attempts, in one transaction.
 
-        Rows are locked with SKIP LOCKED, so reconcilers running at once get disjoint
-        runs. Runs out of attempts, past their deadline or cancelled are left to
-        ``expire_exhausted``.
+        The handover fences the expired attempt at once (a new attempt id, epoch + 1:
+        its store writes are refused from here on), but the new attempt awaits
+        adoption (``adopt_attempt``): it holds no lease and is not counted, so time
+        spent waiting for a free worker slot costs no attempt. Rows are locked with
+        SKIP LOCKED, so reconcilers running at once get disjoint runs. Runs out of
+        attempts, past their deadline or cancelled are left to ``expire_exhausted``.
         """
-        check_id(owner, "owner")
-        params = {
-            "owner": owner,
-            "lease_ttl": check_seconds(lease_ttl, "lease_ttl"),
-            "limit": check_limit(limit),
-        }
-        rows = self._db.rows("reclaim_expired", q.RECLAIM_EXPIRED, params)
+        rows = self._db.rows(
+            "hand_over_expired", q.HAND_OVER_EXPIRED, {"limit": check_limit(limit)}
+        )
         claims = [Claim(r["run_id"], r["attempt_id"], r["epoch"]) for r in rows]
         for claim in claims:
             log.info(
-                "attempt.replaced",
+                "attempt.handed_over",
                 run_id=claim.run_id,
                 attempt_id=claim.attempt_id,
                 epoch=claim.epoch,
             )
         return claims
 
+    def adopt_attempt(
+        self, run_id: str, attempt_id: str, owner: str, lease_ttl: float
+    ) -> Claim | None:
+        """Adopt the attempt a run was handed to: its lease starts, and it counts.
+
+        A compare-and-set on ``attempt_id``: refused (None) unless the run awaits
+        adoption by exactly that attempt, so of several deliveries of one takeover
+        message only the first adopts. A run cancelled or past its deadline meanwhile
+        is refused too (``expire_exhausted`` settles it).
+        """
+        check_id(run_id, "run_id")
+        check_id(attempt_id, "attempt_id")
+        check_id(owner, "owner")
+        params = {
+            "run_id": run_id,
+            "attempt_id": attempt_id,
+            "owner": owner,
+            "lease_ttl": check_seconds(lease_ttl, "lease_ttl"),
+        }
+        row = self._db.one("adopt_attempt", q.ADOPT_ATTEMPT, params, run_id=run_id)
+        if row is None:
+            return None
+        claim = Claim(row["run_id"], row["attempt_id"], row["epoch"])
+        log.info(
+            "attempt.adopted",
+            run_id=run_id,
+            attempt_id=claim.attempt_id,
+            epoch=claim.epoch,
+            owner=owner,
+            waited=round(float(row["waited"]), 3),
+        )
+        return claim
+
+    def redispatch_takeovers(self, older_than: float, limit: int) -> list[Claim]:
+        """Runs awaiting adoption whose last takeover message is older than
+        ``older_than`` seconds (it may be lost): marked dispatched again and returned,
+        with the same attempt and epoch, for the caller to enqueue once more."""
+        params = {
+            "older_than": check_seconds(older_than, "older_than", allow_zero=True),
+            "limit": check_limit(limit),
+        }
+        rows = self._db.rows("redispatch_takeovers", q.REDISPATCH_TAKEOVERS, params)
+        return [Claim(r["run_id"], r["attempt_id"], r["epoch"]) for r in rows]
+
     def expire_exhausted(self, limit: int) -> list[Run]:
-        """Settle expired runs that may not be taken over, and queued runs past deadline.
+        """Settle expired runs that may not be taken over, runs awaiting adoption that
+        were cancelled or passed their deadline, and queued runs past deadline.
 
         Out of attempts or past the deadline: ``failed``; cancelled: ``aborted``.
         The error column says why; the caller writes the error chunk to the log.

@@ -17,7 +17,8 @@ from sqlalchemy import TextClause, text
 RUN_COLUMNS = (
     "run_id, seq, session_id, status, payload, attempt_id, epoch, owner, lease_expires_at, "
     "attempt_count, max_attempts, deadline, cancel_requested_at, sandbox_ref, created_at, "
-    "started_at, finished_at, updated_at, error, dispatched_at, pruned_at, key_name"
+    "started_at, finished_at, updated_at, error, dispatched_at, pruned_at, key_name, "
+    "handed_over_at"
 )
 SLOT_COLUMNS = (
     "run_id, attempt_id, turn_index, turn_id, phase, revision, journal_key, tool_request, "
@@ -142,13 +143,15 @@ WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
 RETURNING lease_expires_at
 """)
 
-# The handoff: the lease expiry is checked on the database clock in the same
-# statement that moves ownership, so a lease renewed a moment ago cannot be stolen.
+# The forced handoff (an operator's, a test's): the new attempt owns the run and
+# counts at once. The lease expiry is checked on the database clock in the same
+# statement that moves ownership, so a lease renewed a moment ago cannot be stolen;
+# a run awaiting adoption has no lease, so only a forced handoff takes it.
 REPLACE_ATTEMPT = _sql("""
 WITH replaced AS (
     UPDATE runs SET attempt_id = :new_attempt_id, epoch = epoch + 1,
         attempt_count = attempt_count + 1, owner = :owner,
-        lease_expires_at = $lease, updated_at = now()
+        lease_expires_at = $lease, handed_over_at = NULL, updated_at = now()
     WHERE run_id = :run_id AND status = 'running' AND attempt_id = :expected_attempt_id
       AND (NOT CAST(:only_if_expired AS boolean) OR lease_expires_at < now())
     RETURNING run_id, attempt_id, epoch
@@ -168,8 +171,10 @@ WITH replaced AS (
 SELECT run_id, attempt_id, epoch FROM replaced
 """)
 
+# The handover: the expired attempt is fenced at once (a new attempt id, epoch + 1),
+# but the new attempt holds no lease and is not counted until a worker adopts it.
 # Several reconcilers at once each lock a disjoint set of runs (SKIP LOCKED).
-RECLAIM_EXPIRED = _sql("""
+HAND_OVER_EXPIRED = _sql("""
 WITH candidates AS (
     SELECT run_id, attempt_id FROM runs
     WHERE status = 'running' AND lease_expires_at < now()
@@ -178,26 +183,66 @@ WITH candidates AS (
     ORDER BY lease_expires_at, seq
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
-), replaced AS (
+), handed AS (
     UPDATE runs r SET attempt_id = replace(CAST(gen_random_uuid() AS text), '-', ''),
-        epoch = r.epoch + 1, attempt_count = r.attempt_count + 1, owner = :owner,
-        lease_expires_at = $lease, updated_at = now()
+        epoch = r.epoch + 1, owner = NULL, lease_expires_at = NULL,
+        handed_over_at = now(), dispatched_at = now(), updated_at = now()
     FROM candidates c WHERE r.run_id = c.run_id
     RETURNING r.run_id, r.attempt_id, r.epoch, c.attempt_id AS old_attempt_id
 ), slot AS (
-    UPDATE turn_slots j SET attempt_id = replaced.attempt_id,
+    UPDATE turn_slots j SET attempt_id = handed.attempt_id,
         revision = j.revision + 1, updated_at = now()
-    FROM replaced WHERE j.run_id = replaced.run_id
+    FROM handed WHERE j.run_id = handed.run_id
 ), ended AS (
     UPDATE attempts a SET ended_at = now(), outcome = 'superseded'
-    FROM replaced
-    WHERE a.run_id = replaced.run_id AND a.attempt_id = replaced.old_attempt_id
+    FROM handed
+    WHERE a.run_id = handed.run_id AND a.attempt_id = handed.old_attempt_id
       AND a.ended_at IS NULL
+)
+SELECT run_id, attempt_id, epoch FROM handed ORDER BY run_id
+""")
+
+# The adoption: a compare-and-set on the attempt the run was handed to. Only one
+# worker's adoption matches (a second one waits on the row lock, then finds it
+# adopted); the lease starts and the attempt counts here. A run cancelled or past
+# its deadline meanwhile is left to EXPIRE_EXHAUSTED.
+ADOPT_ATTEMPT = _sql("""
+WITH pending AS (
+    SELECT run_id, handed_over_at FROM runs
+    WHERE run_id = :run_id AND status = 'running' AND attempt_id = :attempt_id
+      AND handed_over_at IS NOT NULL AND attempt_count < max_attempts
+      AND cancel_requested_at IS NULL AND (deadline IS NULL OR deadline > now())
+    FOR UPDATE
+), adopted AS (
+    UPDATE runs r SET owner = :owner, lease_expires_at = $lease, handed_over_at = NULL,
+        attempt_count = r.attempt_count + 1, updated_at = now()
+    FROM pending p
+    WHERE r.run_id = p.run_id AND r.attempt_id = :attempt_id AND r.handed_over_at IS NOT NULL
+    RETURNING r.run_id, r.attempt_id, r.epoch,
+        CAST(EXTRACT(EPOCH FROM now() - p.handed_over_at) AS double precision) AS waited
 ), started AS (
     INSERT INTO attempts (run_id, attempt_id, epoch, owner)
-    SELECT run_id, attempt_id, epoch, :owner FROM replaced
+    SELECT run_id, attempt_id, epoch, :owner FROM adopted
 )
-SELECT run_id, attempt_id, epoch FROM replaced ORDER BY run_id
+SELECT run_id, attempt_id, epoch, waited FROM adopted
+""")
+
+# Handed-over runs whose takeover message seems lost (nobody adopted them within
+# ``older_than`` of its last dispatch): dispatched again, same attempt, same epoch.
+REDISPATCH_TAKEOVERS = _sql("""
+WITH stale AS (
+    SELECT run_id FROM runs
+    WHERE status = 'running' AND handed_over_at IS NOT NULL
+      AND cancel_requested_at IS NULL AND (deadline IS NULL OR deadline > now())
+      AND COALESCE(dispatched_at, handed_over_at)
+          < now() - make_interval(secs => CAST(:older_than AS double precision))
+    ORDER BY handed_over_at, seq
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE runs r SET dispatched_at = now(), updated_at = now()
+FROM stale s WHERE r.run_id = s.run_id
+RETURNING r.run_id, r.attempt_id, r.epoch
 """)
 
 EXPIRE_EXHAUSTED = _sql("""
@@ -210,6 +255,8 @@ WITH doomed AS (
     WHERE (status = 'running' AND lease_expires_at < now()
            AND (attempt_count >= max_attempts OR deadline <= now()
                 OR cancel_requested_at IS NOT NULL))
+       OR (status = 'running' AND handed_over_at IS NOT NULL
+           AND (deadline <= now() OR cancel_requested_at IS NOT NULL))
        OR (status = 'queued' AND deadline <= now())
     ORDER BY seq
     LIMIT :limit
@@ -222,7 +269,8 @@ WITH doomed AS (
                 WHEN 'cancelled' THEN 'the run was cancelled and its owner is gone'
                 WHEN 'deadline-exceeded' THEN 'the run passed its deadline'
                 ELSE 'the run used all of its attempts' END),
-        payload = r.payload $unsealed, finished_at = now(), updated_at = now()
+        payload = r.payload $unsealed, handed_over_at = NULL,
+        finished_at = now(), updated_at = now()
     FROM doomed d WHERE r.run_id = d.run_id
     RETURNING $r_run_columns
 ), ended AS (

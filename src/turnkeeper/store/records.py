@@ -97,6 +97,12 @@ class Run:
     pruned_at: datetime | None
     key_name: str | None = None
     """The API key the run belongs to; None for a trusted client's own runs."""
+    handed_over_at: datetime | None = None
+    """Set while the run awaits a worker's adoption of its new attempt (no lease runs)."""
+
+    @property
+    def awaiting_adoption(self) -> bool:
+        return self.handed_over_at is not None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Run:

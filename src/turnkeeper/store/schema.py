@@ -84,13 +84,22 @@ runs = sa.Table(
     sa.Column("error", JSONB, nullable=True),
     sa.Column("dispatched_at", _TS, nullable=True),
     sa.Column("pruned_at", _TS, nullable=True),
+    # Set while a running run waits for a worker to adopt its new attempt (the
+    # reconciler handed it over): no lease runs and no attempt is counted meanwhile.
+    sa.Column("handed_over_at", _TS, nullable=True),
     # The tenant: the key that submitted the run (NULL: a trusted client on its own behalf).
     sa.Column("key_name", sa.Text, sa.ForeignKey("api_keys.name"), nullable=True),
     sa.CheckConstraint(_one_of("status", RUN_STATUSES), name="status"),
     sa.CheckConstraint("max_attempts >= 1", name="max_attempts"),
     sa.CheckConstraint(
-        "status <> 'running' OR (attempt_id IS NOT NULL AND lease_expires_at IS NOT NULL)",
+        "status <> 'running' OR (attempt_id IS NOT NULL "
+        "AND (lease_expires_at IS NOT NULL OR handed_over_at IS NOT NULL))",
         name="owned_when_running",
+    ),
+    # A running run either holds a lease or awaits adoption, never both.
+    sa.CheckConstraint(
+        "handed_over_at IS NULL OR (status = 'running' AND lease_expires_at IS NULL)",
+        name="pending_has_no_lease",
     ),
     sa.Index("ix_runs_session_id_seq", "session_id", "seq"),
     sa.Index("ix_runs_status_seq", "status", "seq"),
@@ -107,6 +116,11 @@ runs = sa.Table(
         postgresql_where=sa.text("status = 'running'"),
     ),
     sa.Index("ix_runs_key_name_seq", "key_name", "seq"),
+    sa.Index(
+        "ix_runs_handed_over_at_pending",
+        "handed_over_at",
+        postgresql_where=sa.text("handed_over_at IS NOT NULL"),
+    ),
     sa.Index(
         "ix_runs_key_name_unsettled",
         "key_name",
