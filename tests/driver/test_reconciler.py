@@ -168,8 +168,14 @@ def test_a_deadline_settles_a_run_awaiting_adoption(runtime: WorkerRuntime) -> N
     assert run is not None
     assert (run.status, run.attempt_count) == (RunStatus.FAILED, 1)
     assert run.error == {"reason": "deadline-exceeded", "message": "the run passed its deadline"}
+    # The run was claimed in the store alone, so its log is the one Postgres defines.
     assert [chunk for _, chunk in runtime.log.snapshot("pending-late")] == [
-        {"type": "RUN_ERROR", "message": "the run passed its deadline", "code": "deadline-exceeded"}
+        {"type": "RUN_STARTED", "threadId": "pending-late", "runId": "pending-late"},
+        {
+            "type": "RUN_ERROR",
+            "message": "the run passed its deadline",
+            "code": "deadline-exceeded",
+        },
     ]
 
 

@@ -117,6 +117,7 @@ def test_the_ssh_link_dropped_for_five_seconds_mid_run(
         sandbox_provider="ssh",
         ssh_host="127.0.0.1",
         ssh_port=sshd.port,
+        ssh_user="root",  # the test sshd's only account
         ssh_root=str(sshd.root),
         ssh_identity_file=str(sshd.user_key),
         ssh_known_hosts_file=str(sshd.known_hosts),
@@ -151,6 +152,7 @@ def test_ssh_tells_a_dropped_link_from_the_remote_commands_answers(
     target = SshTarget(
         host="127.0.0.1",
         port=sshd.port,
+        user="root",
         root=str(sshd.root),
         identity_file=sshd.user_key,
         known_hosts_file=sshd.known_hosts,
