@@ -237,7 +237,7 @@ class SshProcess:
     def kill(self) -> None:
         if self._group is not None:
             with contextlib.suppress(SandboxError):
-                self._connection.run(f"kill -KILL -- -{self._group} 2>/dev/null", timeout=30)
+                self._connection.run(f"kill -s KILL -- -{self._group} 2>/dev/null", timeout=30)
             self._group = None
         self._popen.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -452,7 +452,7 @@ class SshProvider:
         workspace = shlex.quote(ref.workspace)
         script = (
             f"if [ -f {root}/procs ]; then for pid in $(cat {root}/procs); do "
-            f'[ "$(readlink /proc/$pid/cwd)" = {workspace} ] && kill -KILL -- -$pid; '
+            f'[ "$(readlink /proc/$pid/cwd)" = {workspace} ] && kill -s KILL -- -$pid; '
             f"done; fi 2>/dev/null; rm -rf -- {root}"
         )
         result = self.connection.run(script, timeout=60)
