@@ -16,6 +16,7 @@ import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -156,7 +157,34 @@ def ssh_agent_target(sshd: Sshd) -> SshTarget:
         root=str(home / "sandboxes"),
         identity_file=sshd.identity_file,
         known_hosts_file=sshd.known_hosts,
+        python=_account_python(sshd.shared_dir / "python"),
     )
+
+
+def _account_python(venv: Path) -> str:
+    """turnkeeper "installed" for the account: the worker's interpreter may live where
+    it cannot go (a pyenv under /root), so a venv of the system's Python of the same
+    version that reads this environment's packages. The worker's own path otherwise."""
+    system = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if system is None or _minor_version(system) != version:
+        return sys.executable
+    subprocess.run([system, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = venv / "lib" / f"python{version}" / "site-packages"
+    ours = [p for p in map(Path, sys.path) if p.name == "site-packages" and p.is_dir()]
+    # addsitedir, not a bare path: the editable install's own .pth must be read too.
+    (site / "worker-packages.pth").write_text(
+        "".join(f"import site; site.addsitedir({str(p)!r})\n" for p in ours)
+    )
+    return str(venv / "bin" / "python3")
+
+
+def _minor_version(python: str) -> str:
+    done = subprocess.run(
+        [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        capture_output=True, check=False, text=True,
+    )  # fmt: skip
+    return done.stdout.strip()
 
 
 def make_provider(name: str, request: pytest.FixtureRequest, root: Path) -> SandboxProvider:

@@ -7,10 +7,18 @@ workspace file, all markers. The hostile agent (``hostile_agent.py``) then reads
 and by unix socket, walks the filesystem for the victim's marker and any journal,
 writes outside its workspace, reads other processes' memory for its nonce, starts a
 ``setsid`` daemon, allocates memory and forks without bound, prints forged sentinels
-and exits 5. Each attempt must fail, exactly as listed here; the bombs are killed
+and exits 5. Each attempt must fail, exactly as listed here; the bombs are stopped
 alone; the victim and the worker finish normally; the run is recorded failed with the
 agent's own exit code 5; the daemon is gone; the nonce is nowhere a client or a log
 could see it.
+
+``ssh`` runs here against the loopback sshd of conftest, logged in as its unprivileged
+account, whose host has bwrap (so the agent is in the same jail, as that account in a
+user namespace); the sshd, its host key and the account's sandboxes root and data dir
+are on the list of what it must not reach. Where ssh promises less than bwrap, the
+expectation says what it does promise: memory is an rlimit there, so the memory bomb's
+allocation is refused (exit 1, ``MemoryError``) rather than OOM-killed, and the run's
+error counts no limit hits (README, "Security").
 """
 
 from __future__ import annotations
@@ -26,16 +34,21 @@ import psutil
 import pytest
 
 from tests.driver.fleet import Fleet
+from tests.sandbox.conftest import Sshd
 from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
+from turnkeeper.sandbox.egress import stop_proxies
+from turnkeeper.sandbox.provider import SandboxRef
+from turnkeeper.sandbox.ssh import SshProvider, SshTarget
 from turnkeeper.store.records import Run, RunStatus
 
 # The agent walks the whole tree it can see: on a loaded 2-core machine that takes minutes.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 HOSTILE = Path(__file__).with_name("hostile_agent.py").read_text()
-PROVIDERS = ["bwrap"]
-"""Every provider that claims isolation (ssh joins once its remote side runs the jail)."""
+PROVIDERS = ["bwrap", "ssh"]
+"""Every provider that claims isolation (ssh: its remote host has bwrap)."""
+SERVICES = {"postgres": 5432, "redis": 6379, "rabbitmq": 5672}
 MIB = 1024 * 1024
 VICTIM = (
     'printf "%s" "$VICTIM_FILE_TEXT" > "notes-$VICTIM_FILE_TAG.txt"; echo ready; '
@@ -55,6 +68,17 @@ def _markers() -> dict[str, str]:
 
 @pytest.fixture(params=PROVIDERS)
 def fleet(request: pytest.FixtureRequest, settings: Settings, tmp_path: Path) -> Iterator[Fleet]:
+    ssh: dict[str, object] = {}
+    if request.param == "ssh":
+        target: SshTarget = request.getfixturevalue("ssh_agent_target")
+        ssh = {
+            "ssh_host": target.host,
+            "ssh_port": target.port,
+            "ssh_user": target.user,
+            "ssh_root": target.root,
+            "ssh_identity_file": target.identity_file,
+            "ssh_known_hosts_file": target.known_hosts_file,
+        }
     fleet = Fleet.create(
         settings,
         tmp_path / "logs",
@@ -62,11 +86,25 @@ def fleet(request: pytest.FixtureRequest, settings: Settings, tmp_path: Path) ->
         sandbox_memory=256 * MIB,
         sandbox_pids=128,
         sandbox_ro_binds="",  # the agents here need only the system's python3
+        **ssh,
     )
     try:
         yield fleet
     finally:
         fleet.stop()
+        if request.param == "ssh":
+            _release_remote(request.getfixturevalue("ssh_agent_target"))
+
+
+def _release_remote(target: SshTarget) -> None:
+    """Destroy what the runs left on the ssh host, and stop its egress proxy."""
+    provider = SshProvider(target)
+    try:
+        for entry in Path(target.root).iterdir():
+            provider.destroy(SandboxRef("ssh", entry.name, str(entry), host=target.as_host()))
+    finally:
+        provider.close()
+        stop_proxies(Path(target.root).parent)  # the remote host is this machine
 
 
 def _wait_text(fleet: Fleet, run_id: str, text: str) -> Run:
@@ -90,7 +128,26 @@ class DaemonWatch(threading.Thread):
                     self.pids.add(proc.info["pid"])
 
 
-def test_a_hostile_agent_gets_nothing(fleet: Fleet, settings: Settings) -> None:
+def _host_extras(
+    provider: str, request: pytest.FixtureRequest
+) -> tuple[dict[str, int], list[str], list[str]]:
+    """The services to reach, and the paths to look for and write to, beyond bwrap's:
+    for ssh, its sshd, its host key, and the account's sandboxes root and data dir."""
+    if provider != "ssh":
+        return dict(SERVICES), [], []
+    sshd: Sshd = request.getfixturevalue("sshd")
+    target: SshTarget = request.getfixturevalue("ssh_agent_target")
+    remote_data = str(Path(target.root).parent)
+    host_paths = [str(sshd.private_dir), str(sshd.private_dir / "host_ed25519"),
+                  str(sshd.shared_dir), target.root, remote_data]  # fmt: skip
+    return {**SERVICES, "sshd": sshd.port}, host_paths, [target.root, remote_data]
+
+
+def test_a_hostile_agent_gets_nothing(
+    fleet: Fleet, settings: Settings, request: pytest.FixtureRequest
+) -> None:
+    provider = fleet.settings.sandbox_provider
+    services, host_paths, write_targets = _host_extras(provider, request)
     marks = _markers()
     marks["secret"] = fleet.env["TURNKEEPER_SECRET"]  # the worker's server secret
     database = settings.require_database_url()
@@ -111,9 +168,11 @@ def test_a_hostile_agent_gets_nothing(fleet: Fleet, settings: Settings) -> None:
         "markers": [*marks.values(), database.rsplit("/", 1)[1]],
         "marker_file": f"notes-{marks['tag']}.txt",
         "host_paths": [str(settings.data_dir), str(victim_root), "/var/run/postgresql",
-                       "/run/postgresql", "/root", "/home", "/etc/shadow"],
+                       "/run/postgresql", "/root", "/home", "/etc/shadow", *host_paths],
         "write_targets": ["/", "/usr", "/etc", "/run/turnkeeper", "/run/turnkeeper/egress",
-                          str(victim_root / "workspace"), str(settings.data_dir)],
+                          str(victim_root / "workspace"), str(settings.data_dir),
+                          *write_targets],
+        "services": services,
         "daemon_tag": tag,
         "run_id": "hostile",
     }  # fmt: skip
@@ -134,12 +193,8 @@ def test_a_hostile_agent_gets_nothing(fleet: Fleet, settings: Settings) -> None:
     assert probes == {
         "proc-environ": {"found": [], "unreadable": [1]},
         "proc-cmdline": {"found": [], "unreadable": []},
-        "tcp-postgres": "ECONNREFUSED",
-        "tcp-redis": "ECONNREFUSED",
-        "tcp-rabbitmq": "ECONNREFUSED",
-        "proxy-postgres": "HTTP/1.1 403 Forbidden",
-        "proxy-redis": "HTTP/1.1 403 Forbidden",
-        "proxy-rabbitmq": "HTTP/1.1 403 Forbidden",
+        **{f"tcp-{name}": "ECONNREFUSED" for name in services},
+        **{f"proxy-{name}": "HTTP/1.1 403 Forbidden" for name in services},
         "unix-postgres": "ENOENT",
         # None to be found by walking; the proxy's, named on its jail's command line, only.
         "unix-sockets": {"walked": [], "connected": ["/run/turnkeeper/egress/proxy.sock"]},
@@ -153,10 +208,12 @@ def test_a_hostile_agent_gets_nothing(fleet: Fleet, settings: Settings) -> None:
             "/run/turnkeeper/egress": "EROFS",
             str(victim_root / "workspace"): "ENOENT",
             str(settings.data_dir): "ENOENT",
+            **dict.fromkeys(write_targets, "ENOENT"),
         },
         "memory": {"ppid": 1, "mem": {"1": "EACCES", "3": "read"}, "nonces": []},
         "daemon": "started",
-        "memory-bomb": "exit -9",
+        # A cgroup OOM-kills the allocating process; ssh's rlimit refuses the allocation.
+        "memory-bomb": "exit 1" if provider == "ssh" else "exit -9",
         "fork-bomb": "refused: EAGAIN",
         "forged": 3,
     }
@@ -166,11 +223,15 @@ def test_a_hostile_agent_gets_nothing(fleet: Fleet, settings: Settings) -> None:
     # The run is the agent's own: failed, exit code 5, with the limits it hit counted.
     assert hostile.status is RunStatus.FAILED
     error = dict(hostile.error or {})
-    limits = error.pop("limits")
+    limits = error.pop("limits", None)
     assert error == {"reason": "agent-exit", "message": "the agent exited with code 5",
                      "exit_code": 5, "stderr": ""}  # fmt: skip
-    assert limits["memory_kills"] == 1
-    assert limits["pid_limit_hits"] > 0
+    if provider == "ssh":
+        assert limits is None  # rlimits count nothing the worker could report
+    else:
+        assert limits is not None
+        assert limits["memory_kills"] == 1
+        assert limits["pid_limit_hits"] > 0
 
     # Its nonce was random, never guessed, and is nowhere a client or a log sees it.
     placement = fleet.client.require("hostile").sandbox_ref

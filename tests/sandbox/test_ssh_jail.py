@@ -1,18 +1,28 @@
 """The ssh provider's remote side: agents in the bubblewrap jail of the remote host, and
-out of it only through that host's egress proxy (here the loopback sshd of conftest)."""
+out of it only through that host's egress proxy (here the loopback sshd of conftest,
+logged in as its unprivileged account, as a deployment's sandbox host is). The jail's
+pid namespace ends everything an agent started, ``setsid`` daemons included, when
+``destroy`` kills the writer's group; its user namespace makes ``RLIMIT_NPROC`` count
+one sandbox's processes, not every process of the remote user."""
 
 from __future__ import annotations
 
+import pwd
 import shutil
 import threading
+import time
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import psutil
 import pytest
 
+from tests.sandbox.conftest import SSH_AGENT_USER
 from tests.sandbox.test_journal_suite import read_all
 from turnkeeper.sandbox import spawn_journaled
+from turnkeeper.sandbox.cgroup import Limits
 from turnkeeper.sandbox.egress import lock_holder, stop_proxies
 from turnkeeper.sandbox.provider import SandboxSpec
 from turnkeeper.sandbox.ssh import SshProvider, SshTarget
@@ -34,6 +44,19 @@ for port in ({allowed}, {refused}):
         print(exc.code)
 EOF
 """
+
+FORK_BOMB = """python3 -c '
+import errno, os, time
+n = 0
+try:
+    while True:
+        if os.fork() == 0:
+            time.sleep(1000)
+            os._exit(0)
+        n += 1
+except OSError as exc:
+    print("forked", n, "then", errno.errorcode[exc.errno], flush=True)
+'"""
 
 
 class _Upstream(BaseHTTPRequestHandler):
@@ -60,14 +83,43 @@ def upstreams() -> Iterator[tuple[int, int]]:
 
 
 @pytest.fixture
-def jailed_provider(ssh_target: SshTarget, upstreams: tuple[int, int]) -> Iterator[SshProvider]:
+def jailed_provider(
+    ssh_agent_target: SshTarget, upstreams: tuple[int, int]
+) -> Iterator[SshProvider]:
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap (bwrap) is not installed")
-    provider = SshProvider(ssh_target, egress=(f"127.0.0.1:{upstreams[0]}",))
+    provider = SshProvider(ssh_agent_target, egress=(f"127.0.0.1:{upstreams[0]}",))
     yield provider
     provider.close()
-    data_dir = Path(ssh_target.root).parent  # the remote host is this machine
+    data_dir = Path(ssh_agent_target.root).parent  # the remote host is this machine
     stop_proxies(data_dir)
+
+
+@pytest.fixture
+def limited_provider(ssh_agent_target: SshTarget) -> Iterator[SshProvider]:
+    """The jail without egress, under a pids limit of 24."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap (bwrap) is not installed")
+    provider = SshProvider(ssh_agent_target, limits=Limits(256 * 1024 * 1024, 1.0, 24))
+    yield provider
+    provider.close()
+
+
+def _tagged(tag: str) -> list[psutil.Process]:
+    """Live processes of this host whose command line carries ``tag``."""
+    return [
+        proc
+        for proc in psutil.process_iter(["cmdline", "status"])
+        if tag in (proc.info["cmdline"] or []) and proc.info["status"] != psutil.STATUS_ZOMBIE
+    ]
+
+
+def _wait_for_line(path: str, text: bytes) -> None:
+    for _ in range(1200):  # a hang guard while the remote agent starts
+        if text in Path(path).read_bytes():
+            return
+        time.sleep(0.05)
+    pytest.fail(f"{text!r} never reached {path}")
 
 
 def test_the_remote_host_runs_the_agent_in_its_jail_with_egress_by_allowlist(
@@ -99,3 +151,46 @@ def test_the_remote_host_runs_the_agent_in_its_jail_with_egress_by_allowlist(
     finally:
         jailed_provider.destroy(ref)
         jailed_provider.destroy(other)
+
+
+def test_destroy_ends_the_jail_and_a_setsid_daemon_in_it(limited_provider: SshProvider) -> None:
+    """The agent is still running, and its daemon left its session: destroy kills the
+    writer's group, bwrap's init dies with its parent, and its pid namespace with it."""
+    ref = limited_provider.create("daemon-run", SandboxSpec())
+    sandbox = limited_provider.resume(ref)
+    assert sandbox is not None
+    tag = f"daemon-{uuid.uuid4().hex}"
+    daemon = f"setsid sh -c 'while :; do sleep 1; done' {tag} </dev/null >/dev/null 2>&1 &"
+    handle = spawn_journaled(sandbox, "daemon-run", f"{daemon} echo up; exec sleep 1000")
+    _wait_for_line(handle.paths.journal, b"up\n")
+    daemons = _tagged(tag)
+    # One daemon, of the unprivileged account, in the jail's pid namespace.
+    assert [p.uids().real for p in daemons] == [pwd.getpwnam(SSH_AGENT_USER).pw_uid]
+    assert Path(f"/proc/{daemons[0].pid}/ns/pid").readlink() != Path("/proc/self/ns/pid").readlink()
+    limited_provider.destroy(ref)
+    psutil.wait_procs(daemons, timeout=30)  # a hang guard: SIGKILL is not instant
+    assert _tagged(tag) == []
+    assert not Path(ref.root).exists()
+
+
+def test_a_fork_bomb_takes_the_forks_of_its_own_sandbox_only(
+    limited_provider: SshProvider,
+) -> None:
+    """Both sandboxes run as the one remote user, under a pids limit of 24 each: one
+    holds 20 processes while the other forks until refused, and both get their own 24."""
+    holder_ref = limited_provider.create("holder", SandboxSpec())
+    bomber_ref = limited_provider.create("bomber", SandboxSpec())
+    holder = limited_provider.resume(holder_ref)
+    bomber = limited_provider.resume(bomber_ref)
+    assert holder is not None
+    assert bomber is not None
+    hold = "for i in $(seq 20); do sleep 1000 & done; echo holding; exec sleep 1000"
+    try:
+        held = spawn_journaled(holder, "holder", hold)
+        _wait_for_line(held.paths.journal, b"holding\n")
+        lines, reader = read_all(bomber, spawn_journaled(bomber, "bomber", FORK_BOMB))
+        # 24 less bwrap's init, the agent's shell and python: 21 children, then EAGAIN.
+        assert ([line for line, _ in lines], reader.exit_code) == ([b"forked 21 then EAGAIN"], 0)
+    finally:
+        limited_provider.destroy(holder_ref)
+        limited_provider.destroy(bomber_ref)
