@@ -26,8 +26,9 @@ from pathlib import Path
 import pytest
 
 from turnkeeper.sandbox.bwrap import BwrapProvider
+from turnkeeper.sandbox.egress import stop_proxies
 from turnkeeper.sandbox.local import LocalProvider
-from turnkeeper.sandbox.provider import Sandbox, SandboxProvider, SandboxSpec
+from turnkeeper.sandbox.provider import Sandbox, SandboxProvider, SandboxRef, SandboxSpec
 from turnkeeper.sandbox.ssh import SshProvider, SshTarget
 from turnkeeper.sandbox.uids import UidPool
 
@@ -185,6 +186,18 @@ def _minor_version(python: str) -> str:
         capture_output=True, check=False, text=True,
     )  # fmt: skip
     return done.stdout.strip()
+
+
+def release_remote(target: SshTarget) -> None:
+    """Destroy every sandbox left under the target's root and stop that host's egress
+    proxy (the remote host is this machine)."""
+    provider = SshProvider(target)
+    try:
+        for entry in Path(target.root).iterdir():
+            provider.destroy(SandboxRef("ssh", entry.name, str(entry), host=target.as_host()))
+    finally:
+        provider.close()
+        stop_proxies(Path(target.root).parent)
 
 
 def make_provider(name: str, request: pytest.FixtureRequest, root: Path) -> SandboxProvider:

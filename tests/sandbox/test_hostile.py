@@ -34,12 +34,10 @@ import psutil
 import pytest
 
 from tests.driver.fleet import Fleet
-from tests.sandbox.conftest import Sshd
+from tests.sandbox.conftest import Sshd, release_remote
 from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
-from turnkeeper.sandbox.egress import stop_proxies
-from turnkeeper.sandbox.provider import SandboxRef
-from turnkeeper.sandbox.ssh import SshProvider, SshTarget
+from turnkeeper.sandbox.ssh import SshTarget
 from turnkeeper.store.records import Run, RunStatus
 
 # The agent walks the whole tree it can see: on a loaded 2-core machine that takes minutes.
@@ -78,6 +76,7 @@ def fleet(request: pytest.FixtureRequest, settings: Settings, tmp_path: Path) ->
             "ssh_root": target.root,
             "ssh_identity_file": target.identity_file,
             "ssh_known_hosts_file": target.known_hosts_file,
+            "ssh_python": target.python,
         }
     fleet = Fleet.create(
         settings,
@@ -93,18 +92,7 @@ def fleet(request: pytest.FixtureRequest, settings: Settings, tmp_path: Path) ->
     finally:
         fleet.stop()
         if request.param == "ssh":
-            _release_remote(request.getfixturevalue("ssh_agent_target"))
-
-
-def _release_remote(target: SshTarget) -> None:
-    """Destroy what the runs left on the ssh host, and stop its egress proxy."""
-    provider = SshProvider(target)
-    try:
-        for entry in Path(target.root).iterdir():
-            provider.destroy(SandboxRef("ssh", entry.name, str(entry), host=target.as_host()))
-    finally:
-        provider.close()
-        stop_proxies(Path(target.root).parent)  # the remote host is this machine
+            release_remote(request.getfixturevalue("ssh_agent_target"))
 
 
 def _wait_text(fleet: Fleet, run_id: str, text: str) -> Run:

@@ -19,11 +19,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.sandbox.conftest import SSH_AGENT_USER
+from tests.sandbox.conftest import SSH_AGENT_USER, release_remote
 from tests.sandbox.test_journal_suite import read_all
 from turnkeeper.sandbox import spawn_journaled
 from turnkeeper.sandbox.cgroup import Limits
-from turnkeeper.sandbox.egress import lock_holder, stop_proxies
+from turnkeeper.sandbox.egress import lock_holder
 from turnkeeper.sandbox.provider import SandboxSpec
 from turnkeeper.sandbox.ssh import SshProvider, SshTarget
 
@@ -91,8 +91,7 @@ def jailed_provider(
     provider = SshProvider(ssh_agent_target, egress=(f"127.0.0.1:{upstreams[0]}",))
     yield provider
     provider.close()
-    data_dir = Path(ssh_agent_target.root).parent  # the remote host is this machine
-    stop_proxies(data_dir)
+    release_remote(ssh_agent_target)
 
 
 @pytest.fixture
@@ -103,6 +102,7 @@ def limited_provider(ssh_agent_target: SshTarget) -> Iterator[SshProvider]:
     provider = SshProvider(ssh_agent_target, limits=Limits(256 * 1024 * 1024, 1.0, 24))
     yield provider
     provider.close()
+    release_remote(ssh_agent_target)  # what a failed test left running
 
 
 def _tagged(tag: str) -> list[psutil.Process]:
@@ -166,7 +166,8 @@ def test_destroy_ends_the_jail_and_a_setsid_daemon_in_it(limited_provider: SshPr
     daemons = _tagged(tag)
     # One daemon, of the unprivileged account, in the jail's pid namespace.
     assert [p.uids().real for p in daemons] == [pwd.getpwnam(SSH_AGENT_USER).pw_uid]
-    assert Path(f"/proc/{daemons[0].pid}/ns/pid").readlink() != Path("/proc/self/ns/pid").readlink()
+    namespace = Path(f"/proc/{daemons[0].pid}/ns/pid").readlink()
+    assert namespace != Path("/proc/self/ns/pid").readlink()
     limited_provider.destroy(ref)
     psutil.wait_procs(daemons, timeout=30)  # a hang guard: SIGKILL is not instant
     assert _tagged(tag) == []
