@@ -16,9 +16,11 @@ could see it.
 account, whose host has bwrap (so the agent is in the same jail, as that account in a
 user namespace); the sshd, its host key and the account's sandboxes root and data dir
 are on the list of what it must not reach. Where ssh promises less than bwrap, the
-expectation says what it does promise: memory is an rlimit there, so the memory bomb's
-allocation is refused (exit 1, ``MemoryError``) rather than OOM-killed, and the run's
-error counts no limit hits (README, "Security").
+expectation says what it does promise (``_SSH_DIFFERS``): memory is an rlimit there,
+so the memory bomb's allocation is refused (exit 1, ``MemoryError``) rather than
+OOM-killed, and the run's error counts no limit hits; the jail's pid 1 and its own
+root tmpfs are the ssh user's, so the agent reads the one and writes into the other,
+and nothing of either is the host's (README, "Security").
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -116,6 +119,58 @@ class DaemonWatch(threading.Thread):
                     self.pids.add(proc.info["pid"])
 
 
+# Where ssh's jail differs from bwrap's under a root worker (README, "Security"): bwrap
+# runs as the ssh user in a user namespace, so the jail's pid 1 (bwrap's own, without
+# capabilities, holding the jail's argv and nothing of the fleet), the jail's own root
+# tmpfs and the proxy's socket directory (the user's egress proxy) are that user's; and
+# memory is an rlimit, which refuses the allocation rather than OOM-killing it.
+_SSH_DIFFERS: dict[str, object] = {
+    "proc-environ": {"found": [], "unreadable": []},
+    "unix-sockets": {
+        "walked": ["/run/turnkeeper/egress/proxy.sock"],
+        "connected": ["/run/turnkeeper/egress/proxy.sock"],
+    },
+    "memory": {"ppid": 1, "mem": {"1": "read", "3": "read"}, "nonces": []},
+    "memory-bomb": "exit 1",
+}
+_SSH_WRITES = {"/": "written", "/etc": "written", "/run/turnkeeper": "written"}
+
+
+def _expected(provider: str, config: dict[str, Any]) -> dict[str, object]:
+    """Every probe's exact result: bwrap's, and ssh's where it differs."""
+    services = config["services"]
+    writes = {
+        "/": "EACCES",
+        "/usr": "EROFS",
+        "/etc": "EACCES",
+        "/run/turnkeeper": "EACCES",
+        "/run/turnkeeper/egress": "EROFS",
+        # Paths of the host, none of which the jail shows (ssh adds its own).
+        **dict.fromkeys(config["write_targets"][5:], "ENOENT"),
+    }
+    expected: dict[str, object] = {
+        "proc-environ": {"found": [], "unreadable": [1]},
+        "proc-cmdline": {"found": [], "unreadable": []},
+        **{f"tcp-{name}": "ECONNREFUSED" for name in services},
+        **{f"proxy-{name}": "HTTP/1.1 403 Forbidden" for name in services},
+        "unix-postgres": "ENOENT",
+        # None to be found by walking; the proxy's, named on its jail's command line, only.
+        "unix-sockets": {"walked": [], "connected": ["/run/turnkeeper/egress/proxy.sock"]},
+        "files": {"named": [], "holding": []},
+        "host-paths": dict.fromkeys(config["host_paths"], False),
+        "write-outside": writes,
+        "memory": {"ppid": 1, "mem": {"1": "EACCES", "3": "read"}, "nonces": []},
+        "daemon": "started",
+        "memory-bomb": "exit -9",  # OOM-killed by its cgroup, alone
+        "fork-bomb": "refused: EAGAIN",
+        "forged": 3,
+    }
+    if provider == "ssh":
+        expected.update(_SSH_DIFFERS)
+        expected["write-outside"] = {**writes, **_SSH_WRITES}
+    return expected
+
+
 def _host_extras(
     provider: str, request: pytest.FixtureRequest
 ) -> tuple[dict[str, int], list[str], list[str]]:
@@ -178,33 +233,9 @@ def test_a_hostile_agent_gets_nothing(
     lines = _text([c for _, c in fleet.log_of("hostile")]).splitlines()
     forged = [json.loads(line) for line in lines if line.startswith('{"__exit"')]
     probes = {p["probe"]: p["result"] for p in map(json.loads, lines) if "probe" in p}
-    assert probes == {
-        "proc-environ": {"found": [], "unreadable": [1]},
-        "proc-cmdline": {"found": [], "unreadable": []},
-        **{f"tcp-{name}": "ECONNREFUSED" for name in services},
-        **{f"proxy-{name}": "HTTP/1.1 403 Forbidden" for name in services},
-        "unix-postgres": "ENOENT",
-        # None to be found by walking; the proxy's, named on its jail's command line, only.
-        "unix-sockets": {"walked": [], "connected": ["/run/turnkeeper/egress/proxy.sock"]},
-        "files": {"named": [], "holding": []},
-        "host-paths": dict.fromkeys(config["host_paths"], False),
-        "write-outside": {
-            "/": "EACCES",
-            "/usr": "EROFS",
-            "/etc": "EACCES",
-            "/run/turnkeeper": "EACCES",
-            "/run/turnkeeper/egress": "EROFS",
-            str(victim_root / "workspace"): "ENOENT",
-            str(settings.data_dir): "ENOENT",
-            **dict.fromkeys(write_targets, "ENOENT"),
-        },
-        "memory": {"ppid": 1, "mem": {"1": "EACCES", "3": "read"}, "nonces": []},
-        "daemon": "started",
-        # A cgroup OOM-kills the allocating process; ssh's rlimit refuses the allocation.
-        "memory-bomb": "exit 1" if provider == "ssh" else "exit -9",
-        "fork-bomb": "refused: EAGAIN",
-        "forged": 3,
-    }
+    assert probes == _expected(provider, config)
+    # What the jail let it write was the jail's own: nothing of it reached the host.
+    assert [t for t in config["write_targets"] if Path(t, "hostile-was-here").exists()] == []
     assert [list(f) for f in forged] == [["__exit", "__nonce"]] * 3
     assert len(lines) == len(probes) + len(forged)
 
