@@ -24,6 +24,7 @@ from tests.sandbox.test_journal_suite import read_all
 from turnkeeper.sandbox import spawn_journaled
 from turnkeeper.sandbox.cgroup import Limits
 from turnkeeper.sandbox.egress import lock_holder
+from turnkeeper.sandbox.journal import follow_argv
 from turnkeeper.sandbox.provider import SandboxSpec
 from turnkeeper.sandbox.ssh import SshProvider, SshTarget
 
@@ -195,3 +196,30 @@ def test_a_fork_bomb_takes_the_forks_of_its_own_sandbox_only(
     finally:
         limited_provider.destroy(holder_ref)
         limited_provider.destroy(bomber_ref)
+
+
+def test_destroy_ends_what_a_dead_worker_left_reading(limited_provider: SshProvider) -> None:
+    """A worker killed while following a journal never kills its follower: the ssh
+    client lives on in a session of its own, and so does the remote ``tail -F`` (it
+    writes nothing once the run is over, so no broken pipe ends it). Destroy ends the
+    remote tail, and the client with it."""
+    ref = limited_provider.create("follow-run", SandboxSpec())
+    sandbox = limited_provider.resume(ref)
+    assert sandbox is not None
+    handle = spawn_journaled(sandbox, "follow-run", "echo up; exec sleep 1000")
+    journal = handle.paths.journal
+    _wait_for_line(journal, b"up\n")
+    follower = sandbox.spawn(follow_argv(handle.paths, 0))
+    assert follower.stdout.readline() == b"up\n"  # the remote tail runs
+    tails = _tagged(journal)
+    assert [p.name() for p in tails] == ["tail"]
+    limited_provider.destroy(ref)  # and no follower.kill(): its worker is gone
+    psutil.wait_procs(tails, timeout=30)  # a hang guard: SIGKILL is not instant
+    assert _tagged(journal) == []
+    assert follower.stdout.read() == b""  # the session ended
+    for _ in range(600):  # a hang guard while the client exits
+        if follower.poll() is not None:
+            break
+        time.sleep(0.05)
+    assert follower.poll() == 255  # ssh: the remote command was killed by a signal
+    follower.kill()  # reaps it

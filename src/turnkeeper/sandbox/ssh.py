@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -454,10 +455,17 @@ class SshProvider:
     def destroy(self, ref: SandboxRef) -> None:
         root = self._check(ref)
         workspace = shlex.quote(ref.workspace)
+        # The writers' groups (the jail's pid namespace dies with its bwrap), then every
+        # process still working in the workspace: sshd does not end a session's command
+        # when its client goes away, so a dead worker leaves its ``tail -F`` behind.
+        in_workspace = shlex.quote(re.sub(r"([*?\[\\])", r"\\\1", ref.workspace))
         script = (
             f"if [ -f {root}/procs ]; then for pid in $(cat {root}/procs); do "
             f'[ "$(readlink /proc/$pid/cwd)" = {workspace} ] && kill -s KILL -- -$pid; '
-            f"done; fi 2>/dev/null; rm -rf -- {root}"
+            f"done; fi 2>/dev/null; "
+            f"for cwd in $(find /proc -mindepth 2 -maxdepth 2 -name cwd "
+            f"-lname {in_workspace} 2>/dev/null); do pid=${{cwd#/proc/}}; "
+            f"kill -s KILL ${{pid%/cwd}} 2>/dev/null; done; rm -rf -- {root}"
         )
         result = self.connection.run(script, timeout=60)
         if result.exit_code != 0:
