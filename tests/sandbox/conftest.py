@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from turnkeeper.sandbox.bwrap import BwrapProvider
@@ -121,8 +122,13 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
             pytest.fail("sshd exited: " + (base / "sshd.log").read_text())
         time.sleep(0.05)
     yield Sshd(port, known_hosts, user_key, base, shared)
+    # Its sessions outlive it (the workers' multiplexing masters hold theirs for minutes).
+    sessions = psutil.Process(server.pid).children(recursive=True)
     server.terminate()
     server.wait(timeout=10)
+    for session in sessions:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            session.kill()
     shutil.rmtree(shared, ignore_errors=True)
 
 
