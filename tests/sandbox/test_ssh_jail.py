@@ -21,9 +21,10 @@ import pytest
 
 from tests.sandbox.conftest import SSH_AGENT_USER, release_remote
 from tests.sandbox.test_journal_suite import read_all
+from turnkeeper.config import load_settings
 from turnkeeper.sandbox import spawn_journaled
 from turnkeeper.sandbox.cgroup import Limits
-from turnkeeper.sandbox.egress import lock_holder
+from turnkeeper.sandbox.egress import lock_holder, proxy_paths
 from turnkeeper.sandbox.journal import follow_argv
 from turnkeeper.sandbox.provider import SandboxSpec
 from turnkeeper.sandbox.ssh import SshProvider, SshTarget
@@ -146,9 +147,12 @@ def test_the_remote_host_runs_the_agent_in_its_jail_with_egress_by_allowlist(
             BODY.rstrip(),
             b"403",
         ]
-        # One proxy on the remote host, for the allowlist, alive after the agent is gone.
-        pidfiles = sorted((Path(jailed_provider.target.root).parent / "egress").glob("*.pid"))
-        assert [lock_holder(p) is not None for p in pidfiles] == [True]
+        # One proxy on the remote host, for the allowlist, alive after the agent is gone
+        # (the account's data dir keeps the pidfiles of proxies other tests stopped).
+        data_dir = Path(jailed_provider.target.root).parent
+        pidfiles = sorted((data_dir / "egress").glob("*.pid"))
+        ours = proxy_paths(load_settings(data_dir=data_dir, sandbox_egress=f"127.0.0.1:{allowed}"))
+        assert [p for p in pidfiles if lock_holder(p) is not None] == [ours.pidfile]
     finally:
         jailed_provider.destroy(ref)
         jailed_provider.destroy(other)
