@@ -240,6 +240,12 @@ class Settings(BaseSettings):
     ssh_root: str = Field(default="/var/lib/turnkeeper/sandboxes", pattern=r"^/")
     ssh_identity_file: Path | None = None
     ssh_known_hosts_file: Path | None = None
+    ssh_python: str | None = Field(
+        default=None,
+        pattern=r"^/",
+        description="The remote host's Python with turnkeeper, which runs its egress "
+        "proxy; by default the worker's own interpreter path.",
+    )
 
     # Retention.
     log_retention: float = Field(

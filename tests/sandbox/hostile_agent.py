@@ -2,7 +2,8 @@
 
 Standalone (the standard library only: it runs inside a jail, which shows no
 turnkeeper). ``python3 hostile_agent.py CONFIG_FILE`` (its prompt file), where the JSON
-config names the markers to look for and the host paths to try; every probe prints one JSON line,
+config names the markers to look for, the host paths to try and the loopback ports of
+the services to reach (``{"postgres": 5432, ...}``); every probe prints one JSON line,
 ``{"probe": NAME, "result": ...}``, so a test can assert exactly what it saw. It then
 prints forged sentinels, and exits with code 5.
 """
@@ -219,7 +220,7 @@ def main() -> None:
     markers = config["markers"]
     report("proc-environ", scan_proc("environ", markers))
     report("proc-cmdline", scan_proc("cmdline", markers))
-    for name, port in (("postgres", 5432), ("redis", 6379), ("rabbitmq", 5672)):
+    for name, port in config["services"].items():
         report(f"tcp-{name}", tcp(port))
         report(f"proxy-{name}", through_proxy(port))
     report("unix-postgres", _connect("/var/run/postgresql/.s.PGSQL.5432"))

@@ -7,10 +7,20 @@ workspace file, all markers. The hostile agent (``hostile_agent.py``) then reads
 and by unix socket, walks the filesystem for the victim's marker and any journal,
 writes outside its workspace, reads other processes' memory for its nonce, starts a
 ``setsid`` daemon, allocates memory and forks without bound, prints forged sentinels
-and exits 5. Each attempt must fail, exactly as listed here; the bombs are killed
+and exits 5. Each attempt must fail, exactly as listed here; the bombs are stopped
 alone; the victim and the worker finish normally; the run is recorded failed with the
 agent's own exit code 5; the daemon is gone; the nonce is nowhere a client or a log
 could see it.
+
+``ssh`` runs here against the loopback sshd of conftest, logged in as its unprivileged
+account, whose host has bwrap (so the agent is in the same jail, as that account in a
+user namespace); the sshd, its host key and the account's sandboxes root and data dir
+are on the list of what it must not reach. Where ssh promises less than bwrap, the
+expectation says what it does promise (``_SSH_DIFFERS``): memory is an rlimit there,
+so the memory bomb's allocation is refused (exit 1, ``MemoryError``) rather than
+OOM-killed, and the run's error counts no limit hits; the jail's pid 1 and its own
+root tmpfs are the ssh user's, so the agent reads the one and writes into the other,
+and nothing of either is the host's (README, "Security").
 """
 
 from __future__ import annotations
@@ -21,21 +31,25 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
 from tests.driver.fleet import Fleet
+from tests.sandbox.conftest import Sshd, release_remote
 from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
+from turnkeeper.sandbox.ssh import SshTarget
 from turnkeeper.store.records import Run, RunStatus
 
 # The agent walks the whole tree it can see: on a loaded 2-core machine that takes minutes.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 HOSTILE = Path(__file__).with_name("hostile_agent.py").read_text()
-PROVIDERS = ["bwrap"]
-"""Every provider that claims isolation (ssh joins once its remote side runs the jail)."""
+PROVIDERS = ["bwrap", "ssh"]
+"""Every provider that claims isolation (ssh: its remote host has bwrap)."""
+SERVICES = {"postgres": 5432, "redis": 6379, "rabbitmq": 5672}
 MIB = 1024 * 1024
 VICTIM = (
     'printf "%s" "$VICTIM_FILE_TEXT" > "notes-$VICTIM_FILE_TAG.txt"; echo ready; '
@@ -55,6 +69,18 @@ def _markers() -> dict[str, str]:
 
 @pytest.fixture(params=PROVIDERS)
 def fleet(request: pytest.FixtureRequest, settings: Settings, tmp_path: Path) -> Iterator[Fleet]:
+    ssh: dict[str, object] = {}
+    if request.param == "ssh":
+        target: SshTarget = request.getfixturevalue("ssh_agent_target")
+        ssh = {
+            "ssh_host": target.host,
+            "ssh_port": target.port,
+            "ssh_user": target.user,
+            "ssh_root": target.root,
+            "ssh_identity_file": target.identity_file,
+            "ssh_known_hosts_file": target.known_hosts_file,
+            "ssh_python": target.python,
+        }
     fleet = Fleet.create(
         settings,
         tmp_path / "logs",
@@ -62,11 +88,14 @@ def fleet(request: pytest.FixtureRequest, settings: Settings, tmp_path: Path) ->
         sandbox_memory=256 * MIB,
         sandbox_pids=128,
         sandbox_ro_binds="",  # the agents here need only the system's python3
+        **ssh,
     )
     try:
         yield fleet
     finally:
         fleet.stop()
+        if request.param == "ssh":
+            release_remote(request.getfixturevalue("ssh_agent_target"))
 
 
 def _wait_text(fleet: Fleet, run_id: str, text: str) -> Run:
@@ -90,7 +119,78 @@ class DaemonWatch(threading.Thread):
                     self.pids.add(proc.info["pid"])
 
 
-def test_a_hostile_agent_gets_nothing(fleet: Fleet, settings: Settings) -> None:
+# Where ssh's jail differs from bwrap's under a root worker (README, "Security"): bwrap
+# runs as the ssh user in a user namespace, so the jail's pid 1 (bwrap's own, without
+# capabilities, holding the jail's argv and nothing of the fleet), the jail's own root
+# tmpfs and the proxy's socket directory (the user's egress proxy) are that user's; and
+# memory is an rlimit, which refuses the allocation rather than OOM-killing it.
+_SSH_DIFFERS: dict[str, object] = {
+    "proc-environ": {"found": [], "unreadable": []},
+    "unix-sockets": {
+        "walked": ["/run/turnkeeper/egress/proxy.sock"],
+        "connected": ["/run/turnkeeper/egress/proxy.sock"],
+    },
+    "memory": {"ppid": 1, "mem": {"1": "read", "3": "read"}, "nonces": []},
+    "memory-bomb": "exit 1",
+}
+_SSH_WRITES = {"/": "written", "/etc": "written", "/run/turnkeeper": "written"}
+
+
+def _expected(provider: str, config: dict[str, Any]) -> dict[str, object]:
+    """Every probe's exact result: bwrap's, and ssh's where it differs."""
+    services = config["services"]
+    writes = {
+        "/": "EACCES",
+        "/usr": "EROFS",
+        "/etc": "EACCES",
+        "/run/turnkeeper": "EACCES",
+        "/run/turnkeeper/egress": "EROFS",
+        # Paths of the host, none of which the jail shows (ssh adds its own).
+        **dict.fromkeys(config["write_targets"][5:], "ENOENT"),
+    }
+    expected: dict[str, object] = {
+        "proc-environ": {"found": [], "unreadable": [1]},
+        "proc-cmdline": {"found": [], "unreadable": []},
+        **{f"tcp-{name}": "ECONNREFUSED" for name in services},
+        **{f"proxy-{name}": "HTTP/1.1 403 Forbidden" for name in services},
+        "unix-postgres": "ENOENT",
+        # None to be found by walking; the proxy's, named on its jail's command line, only.
+        "unix-sockets": {"walked": [], "connected": ["/run/turnkeeper/egress/proxy.sock"]},
+        "files": {"named": [], "holding": []},
+        "host-paths": dict.fromkeys(config["host_paths"], False),
+        "write-outside": writes,
+        "memory": {"ppid": 1, "mem": {"1": "EACCES", "3": "read"}, "nonces": []},
+        "daemon": "started",
+        "memory-bomb": "exit -9",  # OOM-killed by its cgroup, alone
+        "fork-bomb": "refused: EAGAIN",
+        "forged": 3,
+    }
+    if provider == "ssh":
+        expected.update(_SSH_DIFFERS)
+        expected["write-outside"] = {**writes, **_SSH_WRITES}
+    return expected
+
+
+def _host_extras(
+    provider: str, request: pytest.FixtureRequest
+) -> tuple[dict[str, int], list[str], list[str]]:
+    """The services to reach, and the paths to look for and write to, beyond bwrap's:
+    for ssh, its sshd, its host key, and the account's sandboxes root and data dir."""
+    if provider != "ssh":
+        return dict(SERVICES), [], []
+    sshd: Sshd = request.getfixturevalue("sshd")
+    target: SshTarget = request.getfixturevalue("ssh_agent_target")
+    remote_data = str(Path(target.root).parent)
+    host_paths = [str(sshd.private_dir), str(sshd.private_dir / "host_ed25519"),
+                  str(sshd.shared_dir), target.root, remote_data]  # fmt: skip
+    return {**SERVICES, "sshd": sshd.port}, host_paths, [target.root, remote_data]
+
+
+def test_a_hostile_agent_gets_nothing(
+    fleet: Fleet, settings: Settings, request: pytest.FixtureRequest
+) -> None:
+    provider = fleet.settings.sandbox_provider
+    services, host_paths, write_targets = _host_extras(provider, request)
     marks = _markers()
     marks["secret"] = fleet.env["TURNKEEPER_SECRET"]  # the worker's server secret
     database = settings.require_database_url()
@@ -111,9 +211,11 @@ def test_a_hostile_agent_gets_nothing(fleet: Fleet, settings: Settings) -> None:
         "markers": [*marks.values(), database.rsplit("/", 1)[1]],
         "marker_file": f"notes-{marks['tag']}.txt",
         "host_paths": [str(settings.data_dir), str(victim_root), "/var/run/postgresql",
-                       "/run/postgresql", "/root", "/home", "/etc/shadow"],
+                       "/run/postgresql", "/root", "/home", "/etc/shadow", *host_paths],
         "write_targets": ["/", "/usr", "/etc", "/run/turnkeeper", "/run/turnkeeper/egress",
-                          str(victim_root / "workspace"), str(settings.data_dir)],
+                          str(victim_root / "workspace"), str(settings.data_dir),
+                          *write_targets],
+        "services": services,
         "daemon_tag": tag,
         "run_id": "hostile",
     }  # fmt: skip
@@ -131,46 +233,24 @@ def test_a_hostile_agent_gets_nothing(fleet: Fleet, settings: Settings) -> None:
     lines = _text([c for _, c in fleet.log_of("hostile")]).splitlines()
     forged = [json.loads(line) for line in lines if line.startswith('{"__exit"')]
     probes = {p["probe"]: p["result"] for p in map(json.loads, lines) if "probe" in p}
-    assert probes == {
-        "proc-environ": {"found": [], "unreadable": [1]},
-        "proc-cmdline": {"found": [], "unreadable": []},
-        "tcp-postgres": "ECONNREFUSED",
-        "tcp-redis": "ECONNREFUSED",
-        "tcp-rabbitmq": "ECONNREFUSED",
-        "proxy-postgres": "HTTP/1.1 403 Forbidden",
-        "proxy-redis": "HTTP/1.1 403 Forbidden",
-        "proxy-rabbitmq": "HTTP/1.1 403 Forbidden",
-        "unix-postgres": "ENOENT",
-        # None to be found by walking; the proxy's, named on its jail's command line, only.
-        "unix-sockets": {"walked": [], "connected": ["/run/turnkeeper/egress/proxy.sock"]},
-        "files": {"named": [], "holding": []},
-        "host-paths": dict.fromkeys(config["host_paths"], False),
-        "write-outside": {
-            "/": "EACCES",
-            "/usr": "EROFS",
-            "/etc": "EACCES",
-            "/run/turnkeeper": "EACCES",
-            "/run/turnkeeper/egress": "EROFS",
-            str(victim_root / "workspace"): "ENOENT",
-            str(settings.data_dir): "ENOENT",
-        },
-        "memory": {"ppid": 1, "mem": {"1": "EACCES", "3": "read"}, "nonces": []},
-        "daemon": "started",
-        "memory-bomb": "exit -9",
-        "fork-bomb": "refused: EAGAIN",
-        "forged": 3,
-    }
+    assert probes == _expected(provider, config)
+    # What the jail let it write was the jail's own: nothing of it reached the host.
+    assert [t for t in config["write_targets"] if Path(t, "hostile-was-here").exists()] == []
     assert [list(f) for f in forged] == [["__exit", "__nonce"]] * 3
     assert len(lines) == len(probes) + len(forged)
 
     # The run is the agent's own: failed, exit code 5, with the limits it hit counted.
     assert hostile.status is RunStatus.FAILED
     error = dict(hostile.error or {})
-    limits = error.pop("limits")
+    limits = error.pop("limits", None)
     assert error == {"reason": "agent-exit", "message": "the agent exited with code 5",
                      "exit_code": 5, "stderr": ""}  # fmt: skip
-    assert limits["memory_kills"] == 1
-    assert limits["pid_limit_hits"] > 0
+    if provider == "ssh":
+        assert limits is None  # rlimits count nothing the worker could report
+    else:
+        assert limits is not None
+        assert limits["memory_kills"] == 1
+        assert limits["pid_limit_hits"] > 0
 
     # Its nonce was random, never guessed, and is nowhere a client or a log sees it.
     placement = fleet.client.require("hostile").sandbox_ref

@@ -107,6 +107,7 @@ def provider_for(name: str, settings: Settings, *, ssh: SshTarget | None = None)
                 user=settings.ssh_user,
                 identity_file=settings.ssh_identity_file,
                 known_hosts_file=settings.ssh_known_hosts_file,
+                python=settings.ssh_python,
             )
         if ssh is None:
             raise ConfigError(

@@ -11,9 +11,10 @@ When the remote host has bubblewrap, each agent runs there in the jail the ``bwr
 provider builds (``jail.jail_argv``, the same argv), as the remote user in a user
 namespace; the writer stays outside it. The jail's only way out is an egress proxy
 on the remote host for the worker's ``TURNKEEPER_SANDBOX_EGRESS``, started there on
-first use with the worker's interpreter path (the remote host then has turnkeeper
-installed where the worker has it, as the ``scripted`` preset needs anyway); its files
-live in ``egress/`` beside the sandbox root. A remote host without bwrap runs agents
+first use by the target's ``python`` (``TURNKEEPER_SSH_PYTHON``), or else by the
+worker's own interpreter path (the remote host then has turnkeeper installed where the
+worker has it, as the ``scripted`` preset needs anyway); its files live in ``egress/``
+beside the sandbox root. A remote host without bwrap runs agents
 as plain processes. Either way, with ``limits``, an agent's memory and processes are
 capped by rlimits (``RLIMIT_DATA``, ``RLIMIT_NPROC``, set by ``prlimit`` in the agent's
 own shell), as ``local`` does without a cgroup; ``RLIMIT_NPROC`` counts every process
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -101,6 +103,8 @@ class SshTarget:
     strict_host_key_checking: bool = True
     control_dir: Path | None = None
     """Where the multiplexing socket lives; a fresh temporary directory by default."""
+    python: str | None = None
+    """The remote host's Python with turnkeeper (its egress proxy); the worker's path if None."""
 
     def as_host(self) -> dict[str, str | int]:
         return {"host": self.host, "port": self.port, "user": self.user}
@@ -255,7 +259,7 @@ class SshProcess:
     def kill(self) -> None:
         if self._group is not None:
             with contextlib.suppress(SandboxError):
-                self._connection.run(f"kill -KILL -- -{self._group} 2>/dev/null", timeout=30)
+                self._connection.run(f"kill -s KILL -- -{self._group} 2>/dev/null", timeout=30)
             self._group = None
         self._popen.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -324,7 +328,8 @@ class SshSandbox:
         )
         if jail.egress:
             data_dir = str(PurePosixPath(self._connection.target.root).parent)
-            ensure = [sys.executable, "-P", "-c", _ENSURE_PROXY, data_dir, ",".join(jail.egress)]
+            python = self._connection.target.python or sys.executable
+            ensure = [python, "-P", "-c", _ENSURE_PROXY, data_dir, ",".join(jail.egress)]
             script += " && " + _env_command({"PATH": _REMOTE_PATH, "LC_ALL": "C.UTF-8"}, ensure)
         done = self._connection.run(f"umask 022 && {script}", timeout=120)
         if done.exit_code != 0:
@@ -468,10 +473,17 @@ class SshProvider:
     def destroy(self, ref: SandboxRef) -> None:
         root = self._check(ref)
         workspace = shlex.quote(ref.workspace)
+        # The writers' groups (the jail's pid namespace dies with its bwrap), then every
+        # process still working in the workspace: sshd does not end a session's command
+        # when its client goes away, so a dead worker leaves its ``tail -F`` behind.
+        in_workspace = shlex.quote(re.sub(r"([*?\[\\])", r"\\\1", ref.workspace))
         script = (
             f"if [ -f {root}/procs ]; then for pid in $(cat {root}/procs); do "
-            f'[ "$(readlink /proc/$pid/cwd)" = {workspace} ] && kill -KILL -- -$pid; '
-            f"done; fi 2>/dev/null; rm -rf -- {root}"
+            f'[ "$(readlink /proc/$pid/cwd)" = {workspace} ] && kill -s KILL -- -$pid; '
+            f"done; fi 2>/dev/null; "
+            f"for cwd in $(find /proc -mindepth 2 -maxdepth 2 -name cwd "
+            f"-lname {in_workspace} 2>/dev/null); do pid=${{cwd#/proc/}}; "
+            f"kill -s KILL ${{pid%/cwd}} 2>/dev/null; done; rm -rf -- {root}"
         )
         result = self.connection.run(script, timeout=60)
         if result.exit_code != 0:
