@@ -31,17 +31,6 @@ LEAST_WITH_SSH = {"ssh-cut": 1}
 
 @pytest.mark.soak
 @pytest.mark.timeout(1800)
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "issue 12 items 1-3, seen on main: after a Redis restart a settled run's log "
-        "reads back as RUN_FINISHED alone at seq 1 (the reaper closes the lost log "
-        "anew instead of rebuilding it), and a running run fails with 'unfenced'; "
-        "ssh runs fail with ssh-failed while the sshd is down; takeovers spend "
-        "attempts in the queue, and a run whose agent never started fails with "
-        "journal-stalled"
-    ),
-)
 def test_a_two_minute_soak_loses_nothing(tmp_path: Path) -> None:
     report_path = tmp_path / "soak.json"
     done = subprocess.run(
