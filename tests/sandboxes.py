@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 from turnkeeper.config import Settings
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.sandbox import SandboxRef, provider_for
 from turnkeeper.sandbox.egress import stop_proxies
+
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
 def release_sandboxes(settings: Settings) -> None:
@@ -28,3 +31,12 @@ def release_sandboxes(settings: Settings) -> None:
         provider.sweep()
     if (settings.data_dir / "egress").is_dir():
         stop_proxies(settings.data_dir)
+    # A jail on the ssh host has its egress proxy beside that host's sandbox root; the
+    # tests' ssh host is this machine, so that proxy is this test's to stop too.
+    remote = Path(settings.ssh_root).parent
+    if (
+        settings.ssh_host in _LOOPBACK
+        and remote != settings.data_dir
+        and (remote / "egress").is_dir()
+    ):
+        stop_proxies(remote)
