@@ -913,6 +913,10 @@ def summary(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, required=True)
@@ -927,6 +931,9 @@ def main() -> int:
     parser.add_argument("--workdir-parent", type=Path, default=None, help="default: $TMPDIR")
     args = parser.parse_args()
     configure_logging(level="WARNING")
+    # A SIGTERM (a CI timeout, an operator's kill) unwinds like Ctrl-C: the fleet, its
+    # agents, the sshd and the log's Redis are stopped on the way out.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     workdir = Path(tempfile.mkdtemp(prefix="tk-soak-", dir=args.workdir_parent))
     report = Soak(args, workdir).run()
     if report["ok"] and not args.keep:  # a failed soak keeps its fleet's logs
