@@ -14,8 +14,10 @@ import psycopg
 import pytest
 
 from tests.driver.fleet import Fleet, expected_log
-from turnkeeper.driver.placement import NEVER_STARTED, Placement
+from turnkeeper.driver.placement import NEVER_STARTED, PlacedJournal, Placement, process_index
 from turnkeeper.driver.replay import stored_chunks
+from turnkeeper.sandbox import JournalHandle, JournalPaths, SandboxRef
+from turnkeeper.sandbox.journal import new_nonce
 from turnkeeper.store.records import RunStatus
 from turnkeeper.workers.failpoints import marker
 
@@ -66,3 +68,23 @@ def test_sigkill_between_prepare_and_start(
         assert keys == [(journals[1].journal_key,)], "one agent process wrote, the second"
     finally:
         fleet.stop()
+
+
+def _journal(process: int, lost: str | None) -> PlacedJournal:
+    ref = SandboxRef("local", "box", "/srv/box")
+    paths = JournalPaths(ref.journal_dir, "run-1", process)
+    return PlacedJournal(JournalHandle(ref, paths, new_nonce()), lost)
+
+
+def test_a_journal_that_never_started_is_no_process() -> None:
+    """It counts no continuation and shifts no later mark's number; a real loss does both."""
+    journals = [
+        _journal(1, NEVER_STARTED),
+        _journal(2, "agent-vanished"),
+        _journal(3, NEVER_STARTED),
+        _journal(4, None),
+    ]
+    placement = Placement(journals[0].handle.ref, journals)
+    assert [j.given_up for j in journals] == [False, True, False, False]
+    assert [process_index(journals, i) for i in range(4)] == [0, 0, 1, 1]
+    assert placement.continuations == 1
