@@ -37,7 +37,15 @@ from turnkeeper.sandbox import (
     strategy_for,
 )
 from turnkeeper.sandbox.jail import WORKSPACE
-from turnkeeper.sandbox.journal import LIVENESS_ALIVE, liveness_argv, new_nonce
+from turnkeeper.sandbox.journal import (
+    LIVENESS_ALIVE,
+    LIVENESS_FREE,
+    LIVENESS_NOT_STARTED,
+    liveness_argv,
+    new_nonce,
+    writer_argv,
+)
+from turnkeeper.sandbox.runner import never_started
 from turnkeeper.sandbox.ssh import SshProvider
 
 RUN = "run-1"
@@ -385,3 +393,39 @@ def test_worker_sigkill_leaves_the_agent_running(
     assert reader.exit_code == 0
     assert journal_bytes(handle.paths) == b"started\nfinished\n" + sentinel(handle, 0)
     provider.destroy(ref)
+
+
+class _KilledBeforeStartError(Exception):
+    """Stands for the worker's death between the journal's creation and the writer's start."""
+
+
+def _killed() -> None:
+    raise _KilledBeforeStartError
+
+
+def test_a_writer_launched_after_never_started_exits_before_the_agent(sandbox: Sandbox) -> None:
+    """A frozen predecessor launches its writer after the successor found the journal
+    never started: the writer takes the lock, finds no nonce, and never runs the agent."""
+    command = AgentCommand(("/bin/sh", "-c", "echo ran >> ran.txt; echo the agent ran"))
+    with pytest.raises(_KilledBeforeStartError):
+        spawn_journaled(sandbox, RUN, command, after_prepare=_killed)
+    paths = JournalPaths(sandbox.ref.journal_dir, RUN, 1)
+    assert sandbox.exec(liveness_argv(paths)).exit_code == LIVENESS_NOT_STARTED
+    assert never_started(sandbox, paths) is True
+    late = sandbox.launch(paths, command)
+    sandbox.start_detached(writer_argv(paths, late.code, after_exit=late.after_exit))
+    while sandbox.exec(liveness_argv(paths)).exit_code != LIVENESS_FREE:  # it ran, then ended
+        time.sleep(0.05)
+    assert journal_bytes(paths) == b""
+    assert not (Path(sandbox.ref.workspace) / "ran.txt").exists()
+    assert never_started(sandbox, paths) is False  # its lock file is there now
+
+
+def test_never_started_leaves_a_running_writer_alone(sandbox: Sandbox) -> None:
+    handle = spawn_journaled(sandbox, RUN, "sleep 0.5; echo still here")
+    while sandbox.exec(liveness_argv(handle.paths)).exit_code != LIVENESS_ALIVE:
+        time.sleep(0.02)
+    assert never_started(sandbox, handle.paths) is False
+    lines, _ = read_all(sandbox, handle)
+    assert [line for line, _ in lines] == [b"still here"]
+    assert journal_bytes(handle.paths) == b"still here\n" + sentinel(handle, 0)

@@ -10,9 +10,11 @@ attempt counts from here) and fences the log; ``Attempt.drive`` classifies what
 survived and replays it (``replay``); ``RunOutput.emit`` aligns it
 (``log.alignment``) and appends the rest.
 
-An agent process that is lost (its sandbox gone, dead without a sentinel, never
-started) is given up, and the run goes on in a new process when the agent can
-continue, at most ``max_continuations`` times, in a loop.
+A journal whose writer provably never started (disarmed, then no lock) is no agent
+process: the run starts afresh in the next journal, with no mark. An agent process
+that is lost (its sandbox gone, dead without a sentinel, silent) is given up, and
+the run goes on in a new process when the agent can continue, at most
+``max_continuations`` times, in a loop.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from turnkeeper.driver import lifecycle
 from turnkeeper.driver.feed import JournalFeed
 from turnkeeper.driver.output import LEASE_RENEWALS, RunOutput, end_log
 from turnkeeper.driver.ownership import Ownership
-from turnkeeper.driver.placement import PlacedJournal, Placement, Placer
+from turnkeeper.driver.placement import PlacedJournal, Placement, Placer, process_index
 from turnkeeper.driver.record import TurnRecorder
 from turnkeeper.driver.recovery import Recovery, RecoveryFacts, classify
 from turnkeeper.driver.replay import (
@@ -278,6 +280,8 @@ class Attempt:
             raise RecoveryError("the sandbox vanished during the takeover", reason="sandbox-lost")
         *previous, current = self.place.journals
         self._replay_stored(len(previous))
+        if self._never_started(sandbox, current):
+            return self._restart(sandbox)
         self.recorder.provider_started(current.journal_key)
         return self._follow(sandbox, current)
 
@@ -320,6 +324,9 @@ class Attempt:
         index = len(journals) - 1
         self._log.warning("journal.lost", reason=reason, journal=index)
         if reason == "journal-stalled":
+            sandbox_now = self.place.resume()
+            if sandbox_now is not None and self._never_started(sandbox_now, journals[index]):
+                return self._restart(sandbox_now)
             self.place.disarm(journals[index])
         go_on = (
             self.spec.can_continue
@@ -327,7 +334,7 @@ class Attempt:
         )
         sandbox = self.place.resume_or_create() if go_on else None
         journal = self.place.give_up(reason, continue_in=sandbox)
-        self._interrupt(index)
+        self._interrupt(process_index(journals, index))
         if sandbox is None or journal is None:
             self._fail_lost(reason)
             return None
@@ -369,7 +376,7 @@ class Attempt:
     def _command(self) -> AgentCommand:
         """The next agent process's command, with the run's env opened: a continuation
         once one was given up."""
-        if any(journal.lost is not None for journal in self.place.journals):
+        if any(journal.given_up for journal in self.place.journals):
             command = self.spec.continuation_command(
                 session_id=self.replay.agent_session_id,
                 start_turn=self.replay.turns_completed,
@@ -380,9 +387,34 @@ class Attempt:
 
     def _spawn(self, sandbox: Sandbox, journal: PlacedJournal, command: AgentCommand) -> Ending:
         failpoint(self.settings, "before-spawn", self.claim.run_id)
-        self.place.spawn(sandbox, journal, command, self.prompt.encode())
+        started = self.place.spawn(
+            sandbox,
+            journal,
+            command,
+            self.prompt.encode(),
+            after_prepare=lambda: failpoint(self.settings, "after-prepare", self.claim.run_id),
+        )
+        # Its journal was made before (a retry, a predecessor): by a writer that ran?
+        if not started and self._never_started(sandbox, journal):
+            return self._restart(sandbox)
         self.recorder.provider_started(journal.journal_key)
         return self._follow(sandbox, journal)
+
+    def _never_started(self, sandbox: Sandbox, journal: PlacedJournal) -> bool:
+        """The journal's writer provably never started, and is disarmed so that it never
+        will (``runner.never_started``; docs/architecture.md, "Journals that never
+        started"). A journal with stored bytes had a writer."""
+        if self.output.stored_end(journal.journal_key):
+            return False
+        return self.place.never_started(sandbox, journal)
+
+    def _restart(self, sandbox: Sandbox) -> Ending:
+        """No agent ran in the current journal: record that with the next journal (one
+        write) and start the agent there as it would have started, no mark, no
+        continuation."""
+        self._log.warning("journal.never_started", journal=len(self.place.journals) - 1)
+        journal = self.place.restart(sandbox)
+        return self._spawn(sandbox, journal, self._command())
 
     def _follow(self, sandbox: Sandbox, journal: PlacedJournal) -> Ending:
         """Follow the journal to its end. A broken link to the sandbox is no loss: the
@@ -528,8 +560,8 @@ class Attempt:
                     max_line_bytes=journal.max_line_bytes,
                 )
             )
-            if journal.lost is not None:
-                self._interrupt(index)
+            if journal.given_up:  # a journal that never started ran nothing: no marks
+                self._interrupt(process_index(self.place.journals, index))
 
     def _emit_replayed(self, lines: Iterable[Line]) -> None:
         for batch in batches(lines, _REPLAY_BATCH):

@@ -24,6 +24,7 @@ and kept in the record next to the journal's handle, so a successor reads it the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,10 +46,16 @@ from turnkeeper.sandbox import (
     spawn_journaled,
 )
 from turnkeeper.sandbox.journal import exists_argv
+from turnkeeper.sandbox.runner import disarm, never_started
 from turnkeeper.store.records import Claim, Run
 from turnkeeper.store.store import Store
 
 log = structlog.get_logger(__name__)
+
+NEVER_STARTED = "never-started"
+"""The ``lost`` reason of a journal whose writer provably never started (and never
+will: disarmed): no agent process ran, so it makes no mark, counts no continuation,
+and the run starts afresh in the next journal."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +70,12 @@ class PlacedJournal:
     @property
     def journal_key(self) -> str:
         return self.handle.journal_key
+
+    @property
+    def given_up(self) -> bool:
+        """An agent process ran here and was given up: its output ends in interruption
+        marks and the run goes on as a continuation."""
+        return self.lost is not None and self.lost != NEVER_STARTED
 
     def to_dict(self) -> dict[str, Any]:
         data = self.handle.to_dict()
@@ -111,8 +124,16 @@ class Placement:
 
     @property
     def continuations(self) -> int:
-        """Agent processes started after the first one was lost."""
-        return max(0, len(self.journals) - 1)
+        """Agent processes started after the first one was lost (a journal that never
+        started is no process)."""
+        started = sum(1 for journal in self.journals if journal.lost != NEVER_STARTED)
+        return max(0, started - 1)
+
+
+def process_index(journals: list[PlacedJournal], index: int) -> int:
+    """The agent process that journal ``index`` ran, counting from 0: the number its
+    interruption marks carry, the same whether journals that never started came before."""
+    return sum(1 for journal in journals[:index] if journal.lost != NEVER_STARTED)
 
 
 def nonce_of(journal: PlacedJournal) -> str:
@@ -213,14 +234,35 @@ class Placer:
         still be about to launch it): without its nonce file it exits before the agent."""
         sandbox = self.resume()
         if sandbox is not None:
-            self._link(
-                sandbox.exec, ["rm", "-f", "--", journal.handle.paths.nonce_file], timeout=30
-            )
+            self._link(disarm, sandbox, journal.handle.paths)
+
+    def never_started(self, sandbox: Sandbox, journal: PlacedJournal) -> bool:
+        """Disarm the journal, then True when its writer never took the lock
+        (``runner.never_started``): no agent ran there, nor ever will."""
+        return bool(self._link(never_started, sandbox, journal.handle.paths))
+
+    def restart(self, sandbox: Sandbox) -> PlacedJournal:
+        """Record that the current journal never started (disarmed, ``never_started``
+        True) and the journal that starts the process afresh: one write."""
+        last = self.placement.journals[-1]
+        self.placement.journals[-1] = PlacedJournal(last.handle, NEVER_STARTED, last.max_line_bytes)
+        journal = self._next_journal(sandbox)
+        self.placement.journals.append(journal)
+        self._record()
+        log.info("journal.never_started", run_id=self.claim.run_id, journal=last.journal_key)
+        return journal
 
     def spawn(
-        self, sandbox: Sandbox, journal: PlacedJournal, command: AgentCommand, prompt: bytes
-    ) -> None:
-        """Start the journal's agent process, unless it was started before (a retry)."""
+        self,
+        sandbox: Sandbox,
+        journal: PlacedJournal,
+        command: AgentCommand,
+        prompt: bytes,
+        *,
+        after_prepare: Callable[[], None] | None = None,
+    ) -> bool:
+        """Start the journal's agent process; False when its journal was made before
+        (a retry whose first try's reply was lost, or a predecessor's)."""
         try:
             # A retry of a start whose reply was lost finds the journal: started before.
             self._link(
@@ -231,6 +273,7 @@ class Placer:
                 prompt=prompt,
                 process=journal.handle.paths.process,
                 nonce=nonce_of(journal),
+                after_prepare=after_prepare,
             )
         except JournalExistsError:
             log.info(
@@ -238,6 +281,8 @@ class Placer:
                 run_id=self.claim.run_id,
                 journal=journal.journal_key,
             )
+            return False
+        return True
 
     def nonce(self, journal: PlacedJournal) -> str:
         return nonce_of(journal)

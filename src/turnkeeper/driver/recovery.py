@@ -24,7 +24,10 @@ class Recovery(enum.StrEnum):
     """A predecessor gave the agent process up and decided not to continue: replay,
     mark the interruption, fail with its reason."""
     ATTACH = "attach"
-    """The agent's journal is alive: replay from byte 0, align, follow to the sentinel."""
+    """The agent's journal is alive: replay from byte 0, align, follow to the sentinel.
+    A journal whose writer never started (nothing stored, no lock file) is disarmed
+    there and the agent started afresh in the next journal (``Attempt._never_started``):
+    telling it apart takes a disarm, which is no fact to gather before classifying."""
     START = "start"
     """The current agent process never started: start it as a fresh turn would."""
     LOST = "lost"

@@ -26,7 +26,7 @@ from turnkeeper.agents.spec import AgentSpec
 from turnkeeper.agents.translator import TurnTracker, translator_for
 from turnkeeper.chunks import Chunk
 from turnkeeper.driver import lifecycle
-from turnkeeper.driver.placement import Placement, nonce_of
+from turnkeeper.driver.placement import Placement, nonce_of, process_index
 from turnkeeper.errors import AgentError, InvalidSentinelError, LogGoneError
 from turnkeeper.log.origin import LogOrigin
 from turnkeeper.sandbox.journal import SENTINEL_PREFIX, parse_sentinel
@@ -197,7 +197,8 @@ def stored_chunks(store: Store, run: Run) -> Iterator[Chunk]:
         return
     replay = Replay(run.run_id, run.session_id, spec.format)
     yield from replay.started()
-    for index, journal in enumerate(Placement.of(run).journals):
+    journals = Placement.of(run).journals
+    for index, journal in enumerate(journals):
         stored = StoredJournal(
             store, journal.journal_key, nonce_of(journal), max_line_bytes=journal.max_line_bytes
         )
@@ -207,8 +208,8 @@ def stored_chunks(store: Store, run: Run) -> Iterator[Chunk]:
         except InvalidSentinelError:
             # The run failed there (invalid-sentinel); the line is never published.
             log.warning("log.rebuild_stopped_at_invalid_sentinel", run_id=run.run_id)
-        if journal.lost is not None:
-            yield from replay.interrupted(index)
+        if journal.given_up:  # a journal that never started ran nothing: no marks
+            yield from replay.interrupted(process_index(journals, index))
         elif stored.exit_code is not None:
             yield from replay.closing()
     if run.status.is_terminal:

@@ -10,7 +10,7 @@ returns without waiting for it or reading its output.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,10 +21,12 @@ from turnkeeper.sandbox.codec import encode_run_id, parse_journal_name
 from turnkeeper.sandbox.command import AgentCommand, check_prompt, env_file
 from turnkeeper.sandbox.journal import (
     JOURNAL_EXISTS_EXIT,
+    LIVENESS_NOT_STARTED,
     STDERR_TAIL_BYTES,
     JournalPaths,
     check_nonce,
     list_argv,
+    liveness_argv,
     new_nonce,
     prepare_argv,
     tail_argv,
@@ -112,11 +114,14 @@ def spawn_journaled(
     prompt: bytes = b"",
     process: int | None = None,
     nonce: str | None = None,
+    after_prepare: Callable[[], None] | None = None,
 ) -> JournalHandle:
     """Start ``command`` detached with its output journaled; returns without waiting.
 
     ``process`` defaults to one past the run's latest journal, ``nonce`` to a fresh one
     (a caller that records the handle before the start passes the recorded one).
+    ``after_prepare`` runs between the journal's creation and the writer's start (the
+    crash tests' failpoint: a journal whose writer never started, ``never_started``).
     """
     ref = sandbox.ref
     check_prompt(command, prompt)
@@ -139,6 +144,8 @@ def spawn_journaled(
             run_id=run_id,
             reason="prepare-failed",
         )
+    if after_prepare is not None:
+        after_prepare()
     launch = sandbox.launch(paths, command)
     writer = writer_argv(
         paths,
@@ -149,6 +156,34 @@ def spawn_journaled(
     sandbox.start_detached(writer)
     log.info("journal.spawned", run_id=run_id, journal_key=handle.journal_key)
     return handle
+
+
+def disarm(sandbox: Sandbox, paths: JournalPaths) -> None:
+    """Remove the nonce file: a writer that has not read it yet exits before the agent."""
+    sandbox.exec(["rm", "-f", "--", paths.nonce_file], timeout=30)
+
+
+def never_started(sandbox: Sandbox, paths: JournalPaths) -> bool:
+    """True when the journal's writer never started and never can: its lock file is
+    missing, then the process is disarmed, then its lock file is found missing still.
+
+    The writer creates the lock file, takes the lock, then reads and removes the nonce
+    file, and only then starts the agent (``journal.writer_argv``). The nonce file is
+    removed first, here; a lock file still missing after that means that no writer had
+    reached its nonce read when the file went, so every writer of this journal, started
+    now or later, finds no nonce and exits before the agent. The check is the other way
+    round a race: a writer that creates the lock file just before the probe (it will
+    find no nonce) answers False, and the caller treats the process as started.
+    Only for a journal nothing was read from (a writer that ran made its lock file).
+    """
+    if not _lock_missing(sandbox, paths):
+        return False  # a writer got that far: never disarm one that may be reading its nonce
+    disarm(sandbox, paths)
+    return _lock_missing(sandbox, paths)
+
+
+def _lock_missing(sandbox: Sandbox, paths: JournalPaths) -> bool:
+    return bool(sandbox.exec(liveness_argv(paths), timeout=30).exit_code == LIVENESS_NOT_STARTED)
 
 
 def stderr_tail(sandbox: Sandbox, paths: JournalPaths, max_bytes: int = STDERR_TAIL_BYTES) -> bytes:
