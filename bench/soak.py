@@ -69,6 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo, for te
 
 from tests.driver.fleet import FAST, _kill_agents
 from tests.sandboxes import release_sandboxes
+from tests.sshd import Sshd, sshd_unavailable
 
 from _fleet import bench_fleet
 from turnkeeper.agents.spec import AgentSpec
@@ -85,7 +86,6 @@ from turnkeeper.logconfig import configure_logging
 from turnkeeper.store.records import Run, RunStatus
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
-SSHD = "/usr/sbin/sshd"
 QUIET = ["--without-mingle", "--without-gossip", "--without-heartbeat"]
 LEASE_TTL = 3.0
 TIMING = {"lease_ttl": LEASE_TTL, "heartbeat_interval": 1.0, "reconcile_interval": 1.0}
@@ -151,83 +151,6 @@ class LogRedis:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-
-
-class Sshd:
-    """A loopback sshd as the sandbox tests start it; ``cut`` kills it and its sessions."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.host_key = workdir / "host_ed25519"
-        self.user_key = workdir / "user_ed25519"
-        for key in (self.host_key, self.user_key):
-            subprocess.run(
-                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True
-            )
-        authorized = workdir / "authorized_keys"
-        authorized.write_bytes(self.user_key.with_suffix(".pub").read_bytes())
-        authorized.chmod(0o600)
-        host_pub = self.host_key.with_suffix(".pub").read_text().split()[:2]
-        self.known_hosts = workdir / "known_hosts"
-        self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {' '.join(host_pub)}\n")
-        self.remote_root = workdir / "remote"
-        self.remote_root.mkdir()
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation
-        self.config = workdir / "sshd_config"
-        self.config.write_text(
-            f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {self.host_key}\n"
-            f"PidFile {workdir}/sshd.pid\nAuthorizedKeysFile {authorized}\n"
-            "StrictModes no\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n"
-            "KbdInteractiveAuthentication no\nUsePAM no\nMaxSessions 200\nMaxStartups 200\n"
-        )
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def settings(self) -> dict[str, Any]:
-        return {
-            "ssh_host": "127.0.0.1",
-            "ssh_port": self.port,
-            "ssh_user": "root",
-            "ssh_root": str(self.remote_root),
-            "ssh_identity_file": str(self.user_key),
-            "ssh_known_hosts_file": str(self.known_hosts),
-        }
-
-    def start(self) -> None:
-        with (self.workdir / "sshd.log").open("ab") as out:
-            self.proc = subprocess.Popen(
-                [SSHD, "-D", "-e", "-f", str(self.config)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=out,
-            )
-        wait_port(self.port, self.proc, "sshd")
-
-    def cut(self) -> int:
-        """Kill the listener and every sshd process serving a connection; the remote
-        agents, in sessions of their own, live on. Returns the connections cut."""
-        if self.proc is None or self.proc.poll() is not None:
-            return 0
-        served: list[psutil.Process] = []
-        try:
-            children = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.Error:
-            children = []
-        for child in children:
-            try:
-                if child.name().startswith("sshd"):
-                    served.append(child)
-            except psutil.Error:
-                continue
-        self.proc.kill()
-        self.proc.wait()
-        for child in served:
-            try:
-                child.kill()
-            except psutil.Error:
-                continue
-        return len(served)
 
 
 # --- the fleet ------------------------------------------------------------------------
@@ -403,9 +326,9 @@ class Soak:
         self.rng = random.Random(args.seed)
         self.workdir = workdir
         self.tally = Tally()
-        self.ssh_enabled = os.geteuid() == 0 and Path(SSHD).exists() and bool(shutil.which("ssh"))
+        self.ssh_enabled = sshd_unavailable() is None
         self.redis = LogRedis(workdir / "log-redis")
-        self.sshd = Sshd(workdir / "sshd") if self.ssh_enabled else None
+        self.sshd = Sshd(workdir / "sshd", max_sessions=200) if self.ssh_enabled else None
         self.workers: list[Worker] = []
         self.unsettled: set[str] = set()
         self.client: Client | None = None
@@ -594,7 +517,7 @@ class Soak:
                 self.client.close()
                 _kill_agents(fleet.settings.sandboxes_dir)
                 if self.sshd is not None:
-                    _kill_agents(self.sshd.remote_root)
+                    _kill_agents(self.sshd.root)
                 release_sandboxes(fleet.settings)
                 self.redis.kill()
                 if self.sshd is not None:

@@ -14,18 +14,15 @@ import contextlib
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import pytest
 
+from tests.sshd import Sshd, sshd_unavailable
 from turnkeeper.sandbox.bwrap import BwrapProvider
 from turnkeeper.sandbox.egress import stop_proxies
 from turnkeeper.sandbox.local import LocalProvider
@@ -33,32 +30,11 @@ from turnkeeper.sandbox.provider import Sandbox, SandboxProvider, SandboxRef, Sa
 from turnkeeper.sandbox.ssh import SshProvider, SshTarget
 from turnkeeper.sandbox.uids import UidPool
 
-SSHD = "/usr/sbin/sshd"
 PROVIDERS = ["local", "bwrap", "ssh"]
 TEST_UIDS = (1900000000, 1900065535)
 """The default range of TURNKEEPER_SANDBOX_UIDS: the uids a root worker's jails get."""
 SSH_AGENT_USER = "tk-ssh-agent"
 """The unprivileged remote user of ``ssh_agent_target`` (no password, no home)."""
-
-
-@dataclass(frozen=True)
-class Sshd:
-    """The loopback sshd: its port, a known_hosts naming its host key, the client key,
-    where it keeps its own files (root's alone) and the directory shared with the
-    unprivileged account (its authorized keys, and that account's own directory)."""
-
-    port: int
-    known_hosts: Path
-    identity_file: Path
-    private_dir: Path
-    shared_dir: Path
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _ssh_agent_user() -> pwd.struct_passwd:
@@ -82,69 +58,23 @@ def _ssh_agent_user() -> pwd.struct_passwd:
 
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
-    if not Path(SSHD).exists() or shutil.which("ssh") is None:
-        pytest.skip("openssh-server (/usr/sbin/sshd) or the ssh client is not installed")
-    if os.geteuid() != 0:
-        pytest.skip("the loopback sshd fixture needs root")
-    base = tmp_path_factory.mktemp("sshd")  # below pytest's 0700 root: root's alone
-    # sshd reads authorized keys as the user logging in: they live where any user can.
+    unavailable = sshd_unavailable()
+    if unavailable is not None:
+        pytest.skip(unavailable)
+    # Its own files below pytest's 0700 root: root's alone. sshd reads authorized keys
+    # as the user logging in: they live where any user can.
     shared = Path(tempfile.mkdtemp(prefix="tk-sshd-"))
     shared.chmod(0o755)
-    host_key, user_key = base / "host_ed25519", base / "user_ed25519"
-    for key in (host_key, user_key):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    authorized = shared / "authorized_keys"
-    authorized.write_bytes(user_key.with_suffix(".pub").read_bytes())
-    authorized.chmod(0o644)
-    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation directory
-    port = _free_port()
-    known_hosts = base / "known_hosts"
-    known_hosts.write_text(f"[127.0.0.1]:{port} {host_key.with_suffix('.pub').read_text()}")
-    config = base / "sshd_config"
-    config.write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\n"
-        f"PidFile {base}/sshd.pid\nAuthorizedKeysFile {authorized}\n"
-        "StrictModes no\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n"
-        "KbdInteractiveAuthentication no\nUsePAM no\nMaxSessions 100\nMaxStartups 100\n"
-    )
-    with (base / "sshd.log").open("wb") as sshd_log:
-        server = subprocess.Popen(
-            [SSHD, "-D", "-e", "-f", str(config)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=sshd_log,
-        )
-    for _ in range(200):  # hang guard while sshd binds its port
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        if server.poll() is not None:
-            pytest.fail("sshd exited: " + (base / "sshd.log").read_text())
-        time.sleep(0.05)
-    yield Sshd(port, known_hosts, user_key, base, shared)
-    # Its sessions outlive it (the workers' multiplexing masters hold theirs for minutes).
-    sessions = psutil.Process(server.pid).children(recursive=True)
-    server.terminate()
-    server.wait(timeout=10)
-    for session in sessions:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            session.kill()
+    server = Sshd(tmp_path_factory.mktemp("sshd"), shared_dir=shared)
+    server.start()
+    yield server
+    server.stop()
     shutil.rmtree(shared, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
 def ssh_target(sshd: Sshd) -> SshTarget:
-    remote_root = sshd.private_dir / "remote"
-    remote_root.mkdir()
-    return SshTarget(
-        host="127.0.0.1",
-        port=sshd.port,
-        user="root",
-        root=str(remote_root),
-        identity_file=sshd.identity_file,
-        known_hosts_file=Path("/dev/null"),
-        strict_host_key_checking=False,
-    )
+    return sshd.target(known_hosts_file=Path("/dev/null"), strict_host_key_checking=False)
 
 
 @pytest.fixture(scope="session")
@@ -152,19 +82,14 @@ def ssh_agent_target(sshd: Sshd) -> SshTarget:
     """The unprivileged account's target: its data directory (the parent of its
     sandboxes root, where its egress proxy lives) is its own, 0700."""
     account = _ssh_agent_user()
-    home = sshd.shared_dir / "agent"
+    shared = sshd.authorized_keys.parent
+    home = shared / "agent"
     (home / "sandboxes").mkdir(parents=True)
     for path in (home, home / "sandboxes"):
         os.chown(path, account.pw_uid, account.pw_gid)
         path.chmod(0o700)
-    return SshTarget(
-        host="127.0.0.1",
-        port=sshd.port,
-        user=SSH_AGENT_USER,
-        root=str(home / "sandboxes"),
-        identity_file=sshd.identity_file,
-        known_hosts_file=sshd.known_hosts,
-        python=_account_python(sshd.shared_dir / "python"),
+    return sshd.target(
+        user=SSH_AGENT_USER, root=str(home / "sandboxes"), python=_account_python(shared / "python")
     )
 
 

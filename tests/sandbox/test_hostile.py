@@ -37,7 +37,8 @@ import psutil
 import pytest
 
 from tests.driver.fleet import Fleet
-from tests.sandbox.conftest import Sshd, release_remote
+from tests.sandbox.conftest import release_remote
+from tests.sshd import Sshd
 from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
 from turnkeeper.sandbox.ssh import SshTarget
@@ -181,8 +182,8 @@ def _host_extras(
     sshd: Sshd = request.getfixturevalue("sshd")
     target: SshTarget = request.getfixturevalue("ssh_agent_target")
     remote_data = str(Path(target.root).parent)
-    host_paths = [str(sshd.private_dir), str(sshd.private_dir / "host_ed25519"),
-                  str(sshd.shared_dir), target.root, remote_data]  # fmt: skip
+    host_paths = [str(sshd.base), str(sshd.host_key), str(sshd.authorized_keys.parent),
+                  target.root, remote_data]  # fmt: skip
     return {**SERVICES, "sshd": sshd.port}, host_paths, [target.root, remote_data]
 
 
