@@ -165,7 +165,7 @@ def test_a_zombie_cannot_append_after_the_loss(rt: WorkerRuntime) -> None:
     zombie = Owner(rt, "zombie-1", first)
     zombie.consume(LINES[:8])
     before = rt.log.snapshot("zombie-1")
-    while not (claims := rt.store.reclaim_expired("reconciler", 30, 10)):
+    while not (claims := rt.store.hand_over_expired(10)):
         time.sleep(0.1)
     (successor,) = claims
     assert successor.epoch == 2
