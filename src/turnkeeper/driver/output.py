@@ -162,7 +162,14 @@ class RunOutput:
                     expected = int(exc.fields.get("expected", 0))
                     if expected <= first:
                         raise  # the log is behind this attempt: it lost chunks it showed
-                    fresh = self._realigned(first, expected, batch)
+                    try:
+                        fresh = self._realigned(first, expected, batch)
+                    except AlignmentError as lost:
+                        if lost.reason != "incomplete-snapshot":
+                            raise
+                        # Lost again while this attempt read it back: the next append
+                        # meets the log rebuilt once more, and realigns against that.
+                        fresh = list(enumerate(batch, start=first))
                     continue
                 except LogClosedError:
                     # A rebuild closed the log of the run this attempt just settled,
