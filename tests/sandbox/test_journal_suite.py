@@ -422,10 +422,15 @@ def test_a_writer_launched_after_never_started_exits_before_the_agent(sandbox: S
 
 
 def test_never_started_leaves_a_running_writer_alone(sandbox: Sandbox) -> None:
-    handle = spawn_journaled(sandbox, RUN, "sleep 0.5; echo still here")
+    # The agent waits for a gate the test opens: the probe sees it running however slow
+    # the transport is (it cannot end before the first probe).
+    handle = spawn_journaled(
+        sandbox, RUN, "while [ ! -e gate ]; do sleep 0.02; done; echo still here"
+    )
     while sandbox.exec(liveness_argv(handle.paths)).exit_code != LIVENESS_ALIVE:
         time.sleep(0.02)
     assert never_started(sandbox, handle.paths) is False
+    (Path(sandbox.ref.workspace) / "gate").touch()
     lines, _ = read_all(sandbox, handle)
     assert [line for line, _ in lines] == [b"still here"]
     assert journal_bytes(handle.paths) == b"still here\n" + sentinel(handle, 0)
