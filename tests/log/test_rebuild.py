@@ -24,7 +24,7 @@ from turnkeeper.driver.output import RunOutput
 from turnkeeper.driver.ownership import Ownership
 from turnkeeper.driver.placement import PlacedJournal, Placement
 from turnkeeper.driver.replay import Replay
-from turnkeeper.errors import LogGoneError, OwnershipLostError
+from turnkeeper.errors import LogGoneError, LogUnavailableError, OwnershipLostError, ServiceError
 from turnkeeper.log import RunLog
 from turnkeeper.sandbox import (
     JournalHandle,
@@ -52,7 +52,13 @@ def lose(run_log: RunLog, run_id: str) -> None:
 class Owner:
     """A run's owner on the driver's own write path: segments, then chunks."""
 
-    def __init__(self, rt: WorkerRuntime, run_id: str, claim: Claim | None = None) -> None:
+    def __init__(
+        self,
+        rt: WorkerRuntime,
+        run_id: str,
+        claim: Claim | None = None,
+        run_log: RunLog | None = None,
+    ) -> None:
         self.rt = rt
         self.run_id = run_id
         if claim is None:
@@ -66,7 +72,7 @@ class Owner:
         rt.store.record_sandbox(claim, Placement(ref, [self.journal]).to_dict())
         self.lost = threading.Event()
         ownership = Ownership(rt.store, claim, self.lost, 30)
-        self.output = RunOutput(rt.store, rt.log, claim, ownership)
+        self.output = RunOutput(rt.store, run_log or rt.log, claim, ownership)
         self.replay = Replay(run_id, run_id, AgentSpec.from_payload(PAYLOAD["agent"]).format)
         self.emitted: list[Chunk] = []
         self.offset = 0
@@ -276,3 +282,81 @@ def test_a_lost_log_whose_segments_were_pruned_is_gone_everywhere(
     finally:
         client.close()
     assert not rt.log.client.exists(rt.log.keys("pruned-1").meta)  # nothing half-made
+
+
+class LosingLog(RunLog):
+    """The fleet's run log, on the same Redis, that loses the log (a real DEL of both
+    keys, what a flush does) right before each of its next ``losses`` page reads: a
+    loss at an exact point of the owner's read-back, again and again."""
+
+    losses = 0
+
+    def page(self, run_id: str, after_seq: int, count: int) -> list[tuple[int, Chunk]]:
+        if self.losses > 0:
+            self.losses -= 1
+            keys = self.keys(run_id)
+            self.client.delete(keys.stream, keys.meta)
+        return super().page(run_id, after_seq, count)
+
+
+@pytest.mark.parametrize("losses", [1, 3, 60, 200])
+def test_a_log_lost_again_and_again_while_its_owner_realigns(
+    rt: WorkerRuntime, settings: Settings, losses: int
+) -> None:
+    """The owner's append meets a rebuilt log that already holds its batch; every page it
+    reads back to realign finds the log lost once more (past the page retries too). It
+    carries on, nothing doubled, nothing failed."""
+    _admit(rt, "again-1")
+    owner = Owner(rt, "again-1")
+    losing = LosingLog.from_settings(settings, source=rt.log.source)
+    owner.output.run_log = losing
+    owner.consume(LINES[:5])
+    owner.store(LINES[5:12])  # stored, its chunks not yet appended
+    lose(rt.log, "again-1")
+    assert rt.log.snapshot("again-1")  # rebuilt: it holds the pending chunks
+    losing.losses = losses
+    owner.emit(owner.replay.lines(LINES[5:12]))
+    assert rt.log.snapshot("again-1") == owner.log()
+    owner.consume(LINES[12:])
+    owner.finish()
+    assert rt.log.snapshot("again-1") == owner.log()
+    assert not owner.lost.is_set()
+    losing.client.close()
+
+
+def test_a_log_lost_again_and_again_under_a_takeovers_replay(
+    rt: WorkerRuntime, settings: Settings
+) -> None:
+    """A successor walks the stored log while Redis keeps losing it. A few losses: it
+    carries on, the log exact. Losses past every retry: a service error (the attempt
+    stops, a successor goes on), never a failed run, and the log is untouched."""
+    _admit(rt, "walk-1")
+    first = Owner(rt, "walk-1")
+    first.consume(LINES[:10])
+    before = rt.log.snapshot("walk-1")
+
+    def successor(losses: int) -> Owner:
+        run = rt.store.get_run("walk-1")
+        assert run is not None
+        assert run.attempt_id is not None
+        claim = rt.store.replace_turn_slot_attempt(
+            "walk-1", run.attempt_id, "successor", 30, only_if_expired=False
+        )
+        assert claim is not None
+        losing = LosingLog.from_settings(settings, source=rt.log.source)
+        losing.losses = losses
+        return Owner(rt, "walk-1", claim, run_log=losing)
+
+    with pytest.raises(LogUnavailableError) as info:
+        successor(60).consume(LINES[:10])  # its replay, from RUN_STARTED on
+    assert isinstance(info.value, ServiceError)
+    assert info.value.reason == "lost-under-read"
+    assert rt.log.snapshot("walk-1") == before
+
+    heir = successor(3)
+    heir.consume(LINES[:10])
+    assert rt.log.snapshot("walk-1") == before  # all suppressed
+    heir.consume(LINES[10:])
+    heir.finish()
+    assert rt.log.snapshot("walk-1") == heir.log()
+    assert heir.log()[: len(before)] == before
