@@ -4,11 +4,11 @@ Crash tests must kill a worker at an exact phase boundary (after the claim but
 before the spawn, after the sentinel but before the commit); those windows are
 too short to hit with a timer. The points: ``before-spawn``, ``after-prepare``
 (the journal made, its writer not started yet), ``after-sentinel``,
-``sentinel-stored``. With ``TURNKEEPER_FAILPOINTS=before-spawn`` a
-worker reaching that point writes ``<data_dir>/failpoints/before-spawn`` and
-waits there for the test to SIGKILL it. Each failpoint fires once per data
-directory: the successor passes the same point. Unset (the default), a
-failpoint costs one string comparison.
+``sentinel-stored``, ``settled`` (the run settled, its final chunk not appended).
+With ``TURNKEEPER_FAILPOINTS=before-spawn`` a worker reaching that point writes
+``<data_dir>/failpoints/before-spawn`` and waits there for the test to SIGKILL it.
+Each failpoint fires once per data directory: the successor passes the same point.
+Unset (the default), a failpoint costs one string comparison.
 """
 
 from __future__ import annotations
