@@ -7,6 +7,7 @@ reference every rebuilt log is compared with, whole and element by element.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import threading
 import time
@@ -25,7 +26,8 @@ from turnkeeper.driver.ownership import Ownership
 from turnkeeper.driver.placement import PlacedJournal, Placement
 from turnkeeper.driver.replay import Replay
 from turnkeeper.errors import LogGoneError, LogUnavailableError, OwnershipLostError, ServiceError
-from turnkeeper.log import RunLog
+from turnkeeper.log import AsyncRunLog, RunLog
+from turnkeeper.log.entries import LogState
 from turnkeeper.sandbox import (
     JournalHandle,
     JournalPaths,
@@ -286,17 +288,29 @@ def test_a_lost_log_whose_segments_were_pruned_is_gone_everywhere(
 
 class LosingLog(RunLog):
     """The fleet's run log, on the same Redis, that loses the log (a real DEL of both
-    keys, what a flush does) right before each of its next ``losses`` page reads: a
-    loss at an exact point of the owner's read-back, again and again."""
+    keys, what a flush does) right before each of its next ``losses`` page reads, or
+    right after each of its next ``losses_after_state`` state reads: a loss at an exact
+    point of a read, again and again."""
 
     losses = 0
+    losses_after_state = 0
+
+    def _lose(self, run_id: str) -> None:
+        keys = self.keys(run_id)
+        self.client.delete(keys.stream, keys.meta)
 
     def page(self, run_id: str, after_seq: int, count: int) -> list[tuple[int, Chunk]]:
         if self.losses > 0:
             self.losses -= 1
-            keys = self.keys(run_id)
-            self.client.delete(keys.stream, keys.meta)
+            self._lose(run_id)
         return super().page(run_id, after_seq, count)
+
+    def state(self, run_id: str) -> LogState:
+        state = super().state(run_id)
+        if self.losses_after_state > 0:
+            self.losses_after_state -= 1
+            self._lose(run_id)
+        return state
 
 
 @pytest.mark.parametrize("losses", [1, 3, 60, 200])
@@ -360,3 +374,60 @@ def test_a_log_lost_again_and_again_under_a_takeovers_replay(
     heir.finish()
     assert rt.log.snapshot("walk-1") == heir.log()
     assert heir.log()[: len(before)] == before
+
+
+@pytest.mark.parametrize("losses", [1, 2, 5])
+@pytest.mark.parametrize("settled", [False, True], ids=["open", "settled"])
+def test_a_snapshot_whose_log_is_lost_under_it_is_whole(
+    rt: WorkerRuntime, settings: Settings, losses: int, settled: bool
+) -> None:
+    """Lost right after the snapshot read the log's extent (and again after each look
+    that rebuilt it): the snapshot is the whole log, never a short or empty one."""
+    _admit(rt, "under-1")
+    owner = Owner(rt, "under-1")
+    owner.consume(LINES)
+    if settled:
+        owner.finish()
+    whole = rt.log.snapshot("under-1")
+    assert whole == owner.log()
+    reader = LosingLog.from_settings(settings, source=rt.log.source)
+    try:
+        reader.losses_after_state = losses
+        assert reader.snapshot("under-1") == whole
+        reader.losses_after_state = losses
+        assert reader.snapshot("under-1", after_seq=3) == whole[3:]
+    finally:
+        reader.client.close()
+
+
+def test_the_web_readers_snapshot_whose_log_is_lost_under_it_is_whole(
+    rt: WorkerRuntime, settings: Settings
+) -> None:
+    """The async reader (the web server's), lost right after each of two state looks."""
+
+    class LosingAsyncLog(AsyncRunLog):
+        losses_after_state = 2
+
+        async def state(self, run_id: str) -> LogState:
+            state = await super().state(run_id)
+            if self.losses_after_state > 0:
+                self.losses_after_state -= 1
+                keys = self.keys(run_id)
+                await self.client.delete(keys.stream, keys.meta)
+            return state
+
+    _admit(rt, "web-1")
+    owner = Owner(rt, "web-1")
+    owner.consume(LINES)
+    owner.finish()
+    whole = rt.log.snapshot("web-1")
+
+    async def scenario() -> list[tuple[int, Chunk]]:
+        reader = LosingAsyncLog.from_settings(settings)
+        reader.restorer = rt.log
+        try:
+            return await reader.snapshot("web-1")
+        finally:
+            await reader.aclose()
+
+    assert asyncio.run(scenario()) == whole
