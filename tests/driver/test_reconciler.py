@@ -32,10 +32,10 @@ def _expired_run(rt: WorkerRuntime, run_id: str, *, max_attempts: int = 5) -> No
     )
     claim = rt.store.claim_run(run_id, "owner-that-died", 0.05)
     assert claim is not None
-    rt.log.fence(run_id, claim.epoch)
-    rt.log.append(
-        run_id, claim.epoch, 1, [{"type": "RUN_STARTED", "threadId": run_id, "runId": run_id}]
-    )
+    rt.log.fence(run_id, claim.epoch)  # the log is made from Postgres: its RUN_STARTED
+    assert [chunk for _, chunk in rt.log.snapshot(run_id)] == [
+        {"type": "RUN_STARTED", "threadId": run_id, "runId": run_id}
+    ]
     time.sleep(0.1)
 
 

@@ -21,6 +21,7 @@ from turnkeeper.chunks import Chunk
 from turnkeeper.client import Client
 from turnkeeper.config import Settings
 from turnkeeper.driver import lifecycle
+from turnkeeper.driver.attempt import _own
 from turnkeeper.driver.output import RunOutput
 from turnkeeper.driver.ownership import Ownership
 from turnkeeper.driver.placement import PlacedJournal, Placement
@@ -431,3 +432,30 @@ def test_the_web_readers_snapshot_whose_log_is_lost_under_it_is_whole(
             await reader.aclose()
 
     assert asyncio.run(scenario()) == whole
+
+
+def test_a_zombie_frozen_before_its_first_fence_makes_no_log_after_a_loss(
+    rt: WorkerRuntime,
+) -> None:
+    """An owner frozen between its claim and its first fence wakes after its run was
+    handed over, adopted, and its log lost: its fence (the driver's own entry, ``_own``)
+    must not make an empty log at its epoch. Readers still see the whole log, and the
+    adopter carries on."""
+    _admit(rt, "early-1")
+    zombie = rt.store.claim_run("early-1", "zombie", 0.05)
+    assert zombie is not None
+    time.sleep(0.1)
+    (handed,) = rt.store.hand_over_expired(10)
+    adopted = rt.store.adopt_attempt("early-1", handed.attempt_id, "adopter", 30)
+    assert adopted is not None
+    assert adopted.epoch == 2
+    heir = Owner(rt, "early-1", adopted)
+    heir.consume(LINES[:10])
+    lose(rt.log, "early-1")
+    _own(rt, zombie, fresh=True)  # superseded: it returns without driving anything
+    assert rt.log.snapshot("early-1") == heir.log()
+    assert rt.log.state("early-1").epoch == 2
+    heir.consume(LINES[10:])
+    heir.finish()
+    assert rt.log.snapshot("early-1") == heir.log()
+    assert not heir.lost.is_set()

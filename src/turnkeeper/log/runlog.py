@@ -184,9 +184,12 @@ class RunLog:
         refused. A return above ``epoch`` means a later attempt already owns it.
         """
         _positive("epoch", epoch, run_id)
-        # The first claim's fence makes the log; a later fence of a missing log finds
-        # it rebuilt from the source first (a takeover never starts from an empty log).
-        create = self.source is None or epoch == 1
+        # A fence never makes a log that has a source: a missing one is made by the
+        # rebuild, from Postgres, at Postgres's epoch, the first claim's included. An
+        # owner frozen between its claim and this fence may wake after its run was
+        # handed over and its log lost; made here, its empty log at its stale epoch
+        # would read as empty and refuse the real owner's appends.
+        create = self.source is None
         while True:
             with redis_errors(run_id, "fence"):
                 reply = self._fence(
