@@ -70,7 +70,9 @@ def test_spawn_reply_lost_after_prepare(
 ) -> None:
     """Path (b): the spawn made the journal, its reply was lost before the writer's start;
     the sandbox retry spawns again, finds the journal made (``journal.already_started``),
-    and the same attempt finds it never started."""
+    and the same attempt finds it never started. Without that check the stall check of
+    path (c) would still restart the agent, a stall timeout later, with the same log and
+    placement: only the worker's events tell the two paths apart."""
     fleet = Fleet.create(settings, tmp_path / "logs", failpoints="after-prepare=unreachable")
     try:
         fleet.start_worker()
