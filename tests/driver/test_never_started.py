@@ -22,14 +22,17 @@ from typing import Any
 
 import psycopg
 import pytest
+from pydantic import ValidationError
 
 from tests.driver.fleet import Fleet, expected_log
+from turnkeeper.config import Settings
 from turnkeeper.driver.placement import NEVER_STARTED, PlacedJournal, Placement, process_index
 from turnkeeper.driver.replay import stored_chunks
+from turnkeeper.errors import SandboxUnreachableError
 from turnkeeper.sandbox import JournalHandle, JournalPaths, SandboxRef
 from turnkeeper.sandbox.journal import new_nonce
 from turnkeeper.store.records import Run, RunStatus
-from turnkeeper.workers.failpoints import marker
+from turnkeeper.workers.failpoints import failpoint, marker
 
 SCRIPTED: dict[str, Any] = {"preset": "scripted", "turns": 2, "pace": 0.05, "seed": 5}
 # Cannot continue; prints how often it ran in this workspace, so a second run shows.
@@ -200,3 +203,43 @@ def test_a_journal_that_never_started_is_no_process() -> None:
     assert [j.given_up for j in journals] == [False, True, False, False]
     assert [process_index(journals, i) for i in range(4)] == [0, 0, 1, 1]
     assert placement.continuations == 1
+
+
+# --- the failpoint modes these tests use, each firing once per data directory ---------
+
+
+def _settings(tmp_path: Path, failpoints: str) -> Settings:
+    return Settings(data_dir=tmp_path, failpoints=failpoints)
+
+
+def test_a_failpoint_unset_or_unlisted_never_fires(tmp_path: Path) -> None:
+    assert failpoint(_settings(tmp_path, ""), "after-prepare", "run-1") is False
+    listed = _settings(tmp_path, "before-spawn,sentinel-stored=lost")
+    assert failpoint(listed, "after-prepare", "run-1") is False
+    assert failpoint(listed, "sentinel", "run-1") is False  # a prefix is no match
+    assert not (tmp_path / "failpoints").exists()
+
+
+def test_failpoint_lost_answers_true_once(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, "before-spawn,after-prepare=lost")
+    assert [failpoint(settings, "after-prepare", "run-1") for _ in range(3)] == [
+        True,
+        False,
+        False,
+    ]
+    assert marker(settings, "after-prepare").read_text().split()[1] == "run-1"
+
+
+def test_failpoint_unreachable_raises_once(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, "after-prepare=unreachable")
+    with pytest.raises(SandboxUnreachableError) as raised:
+        failpoint(settings, "after-prepare", "run-1")
+    assert (raised.value.run_id, raised.value.reason) == ("run-1", "failpoint")
+    assert failpoint(settings, "after-prepare", "run-1") is False
+
+
+def test_an_unknown_failpoint_mode_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown mode 'late'"):
+        failpoint(_settings(tmp_path, "after-prepare=late"), "after-prepare", "run-1")
+    with pytest.raises(ValidationError):
+        _settings(tmp_path, "after-prepare=Lost")
