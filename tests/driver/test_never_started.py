@@ -50,9 +50,7 @@ def test_sigkill_between_prepare_and_start(
     """Path (a): the successor's ATTACH finds the journal never started."""
     fleet = Fleet.create(settings, tmp_path / "logs", failpoints="after-prepare")
     try:
-        fleet.start_worker()
-        fleet.start_worker()
-        fleet.start_beat()
+        fleet.start_pair()
         run = fleet.client.submit(agent, PROMPT)
         reached = marker(fleet.settings, "after-prepare")
         while not reached.exists():
