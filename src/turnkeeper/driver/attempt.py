@@ -554,6 +554,12 @@ class Attempt:
                 self._log.warning("sandbox.destroy_failed", error=str(exc))
 
     def _settle(self, status: RunStatus, error: Any) -> bool:
+        # The heartbeat ends first: a renewal landing just after the settle would be
+        # refused (the run is no longer running) and read as a lost lease, and the owner
+        # would stop before its final chunk. A lease that runs out meanwhile is the
+        # backstop as ever: a handover makes the settle a NOT_OWNER refusal.
+        self.keeper.stop()
+        self.ownership.check()
         settled = self.ownership.confirm(self.store.settle_run(self.claim, status, error))
         self._log.info("run.finished", status=status.value, settled=settled)
         return settled
