@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from tests.driver.fleet import Fleet, expected_log
+from turnkeeper.config import default_host_id
 
 TURNKEEPER = [sys.executable, "-m", "turnkeeper"]
 AGENT = {"preset": "scripted", "turns": 2, "pace": 0.02, "seed": 4}
@@ -56,6 +57,8 @@ def test_submit_prints_only_the_run_id_and_tail_json_is_the_log(
         "error": None,
     }
     assert set(info) >= {"owner", "lease_expires_at"}
+    # The placement's host: the worker's TURNKEEPER_HOST_ID (its hostname by default).
+    assert info["host"] == fleet.settings.host_id == default_host_id()
 
     table = cli(fleet, "runs")
     assert "cli-1" in table.stdout

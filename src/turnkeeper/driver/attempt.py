@@ -208,6 +208,7 @@ class Attempt:
             claim,
             Placement.of(run),
             spec=SandboxSpec(journal_max_bytes=self.settings.journal_max_bytes),
+            settings=self.settings,
             max_line_bytes=self.settings.max_line_bytes,
         )
         self._log = log.bind(run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
@@ -413,6 +414,8 @@ class Attempt:
         write) and start the agent there as it would have started, no mark, no
         continuation."""
         self._log.warning("journal.never_started", journal=len(self.place.journals) - 1)
+        if not self.place.owns(sandbox):  # read on a shared volume: start in our own
+            sandbox = self.place.resume_or_create()
         journal = self.place.restart(sandbox)
         return self._spawn(sandbox, journal, self._command())
 

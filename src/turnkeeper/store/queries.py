@@ -18,7 +18,7 @@ RUN_COLUMNS = (
     "run_id, seq, session_id, status, payload, attempt_id, epoch, owner, lease_expires_at, "
     "attempt_count, max_attempts, deadline, cancel_requested_at, sandbox_ref, created_at, "
     "started_at, finished_at, updated_at, error, dispatched_at, pruned_at, key_name, "
-    "handed_over_at"
+    "handed_over_at, sandbox_host"
 )
 SLOT_COLUMNS = (
     "run_id, attempt_id, turn_index, turn_id, phase, revision, journal_key, tool_request, "
@@ -301,8 +301,10 @@ WHERE r.run_id = :run_id AND r.attempt_id = :attempt_id AND r.status = :status
   AND a.outcome = :status
 """)
 
+# The placement record's host is copied to a column, so per-host reads are indexed.
 RECORD_SANDBOX = text("""
-UPDATE runs SET sandbox_ref = CAST(:sandbox_ref AS jsonb), updated_at = now()
+UPDATE runs SET sandbox_ref = CAST(:sandbox_ref AS jsonb),
+    sandbox_host = CAST(:sandbox_ref AS jsonb) ->> 'host', updated_at = now()
 WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
 RETURNING run_id
 """)

@@ -99,6 +99,8 @@ class Run:
     """The API key the run belongs to; None for a trusted client's own runs."""
     handed_over_at: datetime | None = None
     """Set while the run awaits a worker's adoption of its new attempt (no lease runs)."""
+    sandbox_host: str | None = None
+    """The host that made the run's sandbox (``hosts.py``); None before it has one."""
 
     @property
     def awaiting_adoption(self) -> bool:

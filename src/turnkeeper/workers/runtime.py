@@ -8,7 +8,6 @@ the parent; ``runtime_for`` notices a fork (a new pid) and builds afresh.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -50,7 +49,7 @@ class WorkerRuntime:
             max_chunks=settings.log_max_chunks,
             source=StoredLog(store),
         )
-        owner = f"{socket.gethostname()}:{os.getpid()}"
+        owner = f"{settings.host_id}:{os.getpid()}"
         log.info("worker.runtime.opened", owner=owner)
         return cls(settings=settings, store=store, log=run_log, owner=owner)
 
