@@ -193,6 +193,7 @@ class Attempt:
         self.run = run
         self.keeper = keeper
         self.ownership = ownership
+        self.hand_over = runtime.hand_over
         payload = run.payload if isinstance(run.payload, dict) else {}
         self.prompt = str(payload.get("prompt", ""))
         self.spec = AgentSpec.from_payload(payload.get("agent", "scripted"))
@@ -466,6 +467,10 @@ class Attempt:
                     final = lifecycle.run_error(_DEADLINE, "deadline-exceeded")
                     self._abort(final, RunStatus.FAILED, error)
                     return None
+                if self.hand_over.is_set():
+                    feed.stop()
+                    self._hand_over()
+                    return None
                 self.ownership.check()
                 batch = feed.next_batch(_WAKE)
                 if batch is None:
@@ -488,6 +493,15 @@ class Attempt:
                 return Exited(journal, batch.exit_code, batch.end_position, sandbox)
         finally:
             feed.stop()
+
+    def _hand_over(self) -> None:
+        """A drain's deadline passed (``HostBeacon``): stop driving and let the lease go
+        now. The agent goes on writing its journal; the next reconcile hands the run
+        to a new attempt, which replays and follows it (on this host's queue, for a
+        sandbox on its disk), as after any crash, only sooner."""
+        self.keeper.stop()
+        self.ownership.confirm(self.store.release_lease(self.claim))
+        self._log.info("attempt.released", reason="drain")
 
     def _loss_reason(self, error: BaseException) -> str:
         """Why a journal read ended without a sentinel, when that means the agent
