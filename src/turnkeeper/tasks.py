@@ -36,7 +36,6 @@ takeover then waits behind.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -53,6 +52,7 @@ from turnkeeper.config import Settings
 from turnkeeper.hosts import route_takeover
 from turnkeeper.secret import make_undumpable
 from turnkeeper.store.store import Store
+from turnkeeper.workers.beacon import main_process_pid
 from turnkeeper.workers.runtime import close_runtimes, runtime_for
 
 log = structlog.get_logger(__name__)
@@ -106,8 +106,12 @@ def _is_redis(broker_url: str) -> bool:
     return broker_url.startswith(("redis://", "rediss://", "unix://"))
 
 
-def create_app(settings: Settings) -> Celery:
-    """A Celery app for ``settings`` (both service URLs set). Connects nothing yet."""
+def create_app(settings: Settings, *, turn_worker: bool = True) -> Celery:
+    """A Celery app for ``settings`` (both service URLs set). Connects nothing yet.
+
+    ``turn_worker``: its pool processes announce their host (``HostBeacon``); beat's
+    control worker, which serves no host's queue, passes False so it never makes a
+    host look alive."""
     broker = settings.effective_broker_url
     app = Celery("turnkeeper", broker=broker, set_as_current=False)
     turns, control = turns_queue(settings), control_queue(settings)
@@ -152,11 +156,11 @@ def create_app(settings: Settings) -> Celery:
             "prune": {"task": PRUNE, "schedule": timedelta(seconds=settings.prune_interval)},
         },
     )
-    _register_tasks(app, settings)
+    _register_tasks(app, settings, announce=turn_worker)
     return app
 
 
-def _register_tasks(app: Celery, settings: Settings) -> None:
+def _register_tasks(app: Celery, settings: Settings, *, announce: bool) -> None:
     @app.task(name=RUN_TURN, shared=False)
     def run_turn(run_id: str) -> None:
         driver.run_turn(runtime_for(settings), run_id)
@@ -207,12 +211,14 @@ def _register_tasks(app: Celery, settings: Settings) -> None:
     def open_after_fork(**_: Any) -> None:
         make_undumpable()  # inherited from the parent already; said again for any pool kind
         # Connections belong to the child, opened after the fork; its beacon says its
-        # host is alive, and carries drain orders for the worker (the parent) it is in.
-        runtime_for(settings).announce(main_pid=os.getppid())
+        # host is alive, and carries drain orders for the worker it is in.
+        runtime = runtime_for(settings)
+        if announce:
+            runtime.announce(main_pid=main_process_pid())
 
     # Signals are process-wide: one handler per distinct settings, however many apps.
     worker_process_init.connect(
-        open_after_fork, weak=False, dispatch_uid=f"turnkeeper-open-{hash(settings)}"
+        open_after_fork, weak=False, dispatch_uid=f"turnkeeper-open-{hash(settings)}-{announce}"
     )
     worker_process_shutdown.connect(close_on_shutdown, weak=False, dispatch_uid="turnkeeper-close")
 

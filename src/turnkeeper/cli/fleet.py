@@ -126,7 +126,7 @@ def beat(ctx: typer.Context) -> None:
     with services(settings, start=False) as resolved:
         ServerSecret.require(resolved, "to start beat")
         make_undumpable()
-        app = create_app(resolved)
+        app = create_app(resolved, turn_worker=False)
         resolved.data_dir.mkdir(parents=True, exist_ok=True)
         defaults = [
             "-Q", control_queue(resolved),

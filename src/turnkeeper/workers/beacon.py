@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import threading
 
+import psutil
 import structlog
 
 from turnkeeper.config import Settings
@@ -21,6 +22,17 @@ from turnkeeper.errors import TurnkeeperError
 from turnkeeper.store.store import Store
 
 log = structlog.get_logger(__name__)
+
+
+def main_process_pid() -> int:
+    """The Celery worker this process serves: its parent, for a pool process of the
+    prefork pool; itself, for the solo pool (whose parent is whatever started it)."""
+    parent = os.getppid()
+    try:
+        argv = psutil.Process(parent).cmdline()
+    except psutil.Error:
+        return os.getpid()
+    return parent if "worker" in argv else os.getpid()
 
 
 class HostBeacon:

@@ -1,0 +1,5 @@
+# Task: x
+
+
+def greet(name: str) -> str:
+    return "Hello, " + name + "!"
