@@ -375,3 +375,41 @@ def test_chaos_on_three_hosts(make_host: MakeHost, tmp_path: Path) -> None:
         _assert_one_agent_process(hosts["host-a"], done)
         owners = {_host_of(owner) for _, _, owner in _attempts(hosts["host-a"], run_id)}
         assert owners == {done.sandbox_host}, (run_id, owners)
+
+
+def test_on_a_shared_sandboxes_volume_any_host_follows_the_journal(
+    make_host: MakeHost, tmp_path: Path
+) -> None:
+    """``TURNKEEPER_SANDBOXES_SHARED``: both hosts mount one sandboxes dir. Host A's
+    worker dies, its agent lives on; B takes the run over at once (A is alive, but no
+    takeover needs it) and follows A's journal from the shared dir, exactly. The
+    sandbox stays A's: B does not destroy it, A's reap does."""
+    shared = {"sandbox_root": tmp_path / "shared-sandboxes", "sandboxes_shared": True}
+    a, b = make_host("host-a", **shared), make_host("host-b", **shared)
+    a.start_worker()
+    a.wait_ready()
+    run = a.client.submit(LONG, PROMPT)
+    owned = _wait_for_chunks(a, run.run_id, 10)
+    b.start_worker()
+    b.start_beat()
+    b.wait_ready()
+
+    a.signal_worker_of(owned, signal.SIGKILL)
+    done = b.wait_settled(run.run_id, timeout=240)
+
+    assert done.status is RunStatus.COMPLETED, (done.error, b.dump_logs())
+    attempts = _attempts(b, run.run_id)
+    assert [(epoch, outcome) for epoch, outcome, _ in attempts] == [
+        (1, "superseded"),
+        (2, "completed"),
+    ]
+    assert [_host_of(owner) for _, _, owner in attempts] == ["host-a", "host-b"]
+    _assert_oracle(b, done, LONG, PROMPT, tmp_path / "oracle")
+    _assert_one_agent_process(b, done)
+    assert done.sandbox_host == "host-a"
+    assert done.sandbox_ref is not None
+    root = Path(done.sandbox_ref["sandbox"]["root"])
+    assert root.exists(), "B signals nothing of A's: the sandbox waits for A's reap"
+    a.start_worker()
+    a.wait(run.run_id, lambda r: "sandbox" not in (r.sandbox_ref or {}), 120, "reaped by A")
+    assert not root.exists()
