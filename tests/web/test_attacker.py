@@ -190,6 +190,7 @@ KEYED_ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("GET", f"/runs/{V}/events", None),
     ("GET", f"/sessions/{quote(VICTIM_SESSION, safe='')}/transcript", None),
     ("GET", "/metrics", None),
+    ("GET", "/fleet/hosts", None),
     ("GET", "/key", None),
     ("GET", "/openapi.json", None),
 ]
@@ -263,6 +264,8 @@ def test_another_tenant_is_told_nothing_exists(target: Target, fleet: Fleet) -> 
         assert joined.json()["reason"] == "session-taken"
         assert "my secret plan" not in taken.text + joined.text
         assert refused(target, bob, "GET", "/metrics", 403).json()["reason"] == "admin-only"
+        hosts = refused(target, bob, "GET", "/fleet/hosts", 403)  # hosts, pids, other runs' ids
+        assert hosts.json()["reason"] == "admin-only"
     # Its owner and an admin key see it; the stream token opens it for anyone holding it.
     with target.http(target.keys.alice) as alice:
         assert [r["run_id"] for r in alice.get("/runs").json()["runs"]] == [VICTIM]

@@ -1,5 +1,0 @@
-# Task: x
-
-
-def greet(name: str) -> str:
-    return "Hello, " + name + "!"
