@@ -34,6 +34,7 @@ import structlog
 from _fleet import BenchFleet, bench_fleet, percentile
 from turnkeeper.client import Client
 from turnkeeper.logconfig import configure_logging
+from turnkeeper.sandbox.egress import stop_proxies
 
 LEASE, HEARTBEAT, RECONCILE = 3.0, 1.0, 1.0
 AGENT = {"preset": "scripted", "turns": 3, "pace": 0.2, "seed": 7}
@@ -60,10 +61,16 @@ def main() -> None:
         a = _host(b, Path(tmp) / "host-a", "host-a")
         b.beat()
         client = Client.from_settings(b.settings)
-        back, boots = _trials(args.trials, lambda: _back(a, client, b))
-        dead, _ = _trials(args.trials, lambda: _dead(a, client, b))
-        client.close()
-        a.stop()
+        try:
+            back, boots = _trials(args.trials, lambda: _back(a, client, b))
+            dead, _ = _trials(args.trials, lambda: _dead(a, client, b))
+        finally:
+            client.close()
+            a.stop()
+            b.stop()
+            _kill_agents(a.settings.sandboxes_dir)
+            for fleet in (a, b):  # the egress proxies the hosts' workers started
+                stop_proxies(fleet.settings.data_dir)
     beacon = min(HEARTBEAT, args.dead_after / 4)
     boot = percentile(boots, 50)
     _report(
@@ -101,6 +108,8 @@ def _start_on_a(a: BenchFleet, client: Client) -> tuple[str, int, int]:
     worker = a.worker()
     run = client.submit(AGENT, "host takeover", max_attempts=10)
     while len(client.log.snapshot(run.run_id)) < 10:
+        if worker.poll() is not None:
+            raise SystemExit(f"host-a's worker exited with {worker.returncode} before the run")
         time.sleep(0.01)
     owner = str(client.require(run.run_id).owner)
     assert owner.startswith("host-a:"), owner
