@@ -213,8 +213,9 @@ def _register_tasks(app: Celery, settings: Settings, *, announce: bool) -> None:
         # Connections belong to the child, opened after the fork; its beacon says its
         # host is alive, and carries drain orders for the worker it is in.
         runtime = runtime_for(settings)
-        if announce:
-            runtime.announce(main_pid=main_process_pid())
+        main_pid = main_process_pid() if announce else None
+        if main_pid is not None:
+            runtime.announce(main_pid=main_pid)
 
     # Signals are process-wide: one handler per distinct settings, however many apps.
     worker_process_init.connect(

@@ -96,7 +96,7 @@ def test_cancel_and_the_sweeps_once(fleet: Fleet) -> None:
     cancelled = cli(fleet, "cancel", "to-cancel")
     assert cancelled.stdout == "to-cancel aborted\n"
     for sweep, fields in [
-        ("reconcile", "taken_over=0 redispatched=0 failed=0 requeued=0"),
+        ("reconcile", "taken_over=0 redispatched=0 failed=0 requeued=0 rerouted=0"),
         ("reap", "destroyed=0 orphans=0 logs_ended=0"),  # a queued run never had a sandbox
         ("prune", "0"),
     ]:

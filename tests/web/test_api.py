@@ -89,7 +89,8 @@ def test_submit_stream_status_transcript_metrics(
         hosts = admin.get("/fleet/hosts").json()["hosts"]
     assert [host["host_id"] for host in hosts] == [fleet.settings.host_id]
     assert hosts[0]["alive"]
-    assert [w["draining"] for w in hosts[0]["workers"]] == [False]
+    assert hosts[0]["workers"]
+    assert not any(w["draining"] for w in hosts[0]["workers"])
     assert [s["run_id"] for s in hosts[0]["sandboxes"]] in ([run_id], [])
 
 

@@ -126,9 +126,10 @@ def _wait_healthy(base_url: str, proc: subprocess.Popen[bytes], log: Path) -> No
 # last use, a session's leaf as its runs commit turns.
 _VOLATILE = {
     "runs": ("updated_at", "lease_expires_at", "sandbox_ref", "dispatched_at", "started_at",
-             "finished_at", "owner", "attempt_id"),
+             "finished_at", "owner", "attempt_id", "sandbox_host"),
     "sessions": ("updated_at", "leaf_id", "version"),
     "api_keys": ("last_used_at",),
+    "workers": ("last_seen",),  # the workers' heartbeats
 }  # fmt: skip
 _UNSETTLED = "SELECT 1 FROM runs u WHERE u.run_id = t.run_id AND u.status IN ('queued', 'running')"
 

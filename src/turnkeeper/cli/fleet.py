@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
-import psutil
 import typer
 
 from turnkeeper import reconciler
@@ -25,6 +24,7 @@ from turnkeeper.sandbox.readiness import check_provider
 from turnkeeper.secret import ServerSecret, make_undumpable
 from turnkeeper.store.store import Store
 from turnkeeper.tasks import control_queue, create_app, enqueuers, host_queue, turns_queue
+from turnkeeper.workers.beacon import is_worker_command
 from turnkeeper.workers.runtime import WorkerRuntime
 
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -95,29 +95,19 @@ def drain_host(settings: Settings, hand_over_after: float) -> None:
             )
         finally:
             store.close()
-    mains = sorted({w.main_pid for w in drained if _is_worker_process(w.main_pid)})
+    mains = sorted({w.main_pid for w in drained if is_worker_command(w.main_pid)})
     console.print(
         f"draining {len(mains)} worker(s) on host {resolved.host_id}: runs still going in "
         f"{hand_over_after:g}s are handed over",
         highlight=False,
     )
-    for pid in mains:
+    for pid in mains:  # only pids that still run a worker: a pid may have been reused
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-    while alive := [pid for pid in mains if psutil.pid_exists(pid) and _is_worker_process(pid)]:
+    while alive := [pid for pid in mains if is_worker_command(pid)]:
         time.sleep(0.5)
         mains = alive
     console.print(f"host {resolved.host_id} drained", highlight=False)
-
-
-def _is_worker_process(pid: int) -> bool:
-    """Whether ``pid`` is a ``turnkeeper worker`` here: the store's pids are only
-    signalled when they still are (a pid may have been reused)."""
-    try:
-        argv = psutil.Process(pid).cmdline()
-    except psutil.Error:
-        return False
-    return "turnkeeper" in " ".join(argv) and "worker" in argv
 
 
 def beat(ctx: typer.Context) -> None:

@@ -24,15 +24,23 @@ from turnkeeper.store.store import Store
 log = structlog.get_logger(__name__)
 
 
-def main_process_pid() -> int:
-    """The Celery worker this process serves: its parent, for a pool process of the
-    prefork pool; itself, for the solo pool (whose parent is whatever started it)."""
-    parent = os.getppid()
+def main_process_pid() -> int | None:
+    """The ``turnkeeper worker`` process this process serves: its parent, for a pool
+    process of the prefork pool; itself, for the solo pool. None in any other process
+    (a test's in-process Celery worker), which then says nothing for its host."""
+    for pid in (os.getppid(), os.getpid()):
+        if is_worker_command(pid):
+            return pid
+    return None
+
+
+def is_worker_command(pid: int) -> bool:
+    """Whether process ``pid`` runs ``turnkeeper worker``."""
     try:
-        argv = psutil.Process(parent).cmdline()
+        argv = psutil.Process(pid).cmdline()
     except psutil.Error:
-        return os.getpid()
-    return parent if "worker" in argv else os.getpid()
+        return False
+    return "worker" in argv and any(part.endswith("turnkeeper") for part in argv)
 
 
 class HostBeacon:
