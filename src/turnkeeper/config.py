@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Literal, Self
@@ -132,6 +133,12 @@ def parse_egress_allowlist(entries: str | Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(canonical))
 
 
+def default_host_id() -> str:
+    """This machine's hostname, in the characters a queue name allows."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:64]
+    return name or "localhost"
+
+
 def plain_postgres_url(url: str) -> str:
     """The libpq form of a database URL (``postgresql://...``), whatever driver suffix it had."""
     scheme, rest = url.split("://", 1)
@@ -171,6 +178,21 @@ class Settings(BaseSettings):
         default="turnkeeper",
         pattern=r"^[A-Za-z0-9_.-]{1,64}$",
         description="Prefix of every Redis key and Celery queue, so fleets can share servers.",
+    )
+    host_id: str = Field(
+        default_factory=default_host_id,
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="The name of this worker's host: its queue, and where its sandboxes live.",
+    )
+    host_dead_after: float = Field(
+        default=60.0,
+        gt=0,
+        description="A host unseen this long is dead: its sandboxes are declared lost.",
+    )
+    sandboxes_shared: bool = Field(
+        default=False,
+        description="The sandboxes dir is one filesystem every host mounts: any host may "
+        "replay and follow a journal (signals still go through the sandbox's host).",
     )
 
     # Ownership and recovery.
@@ -401,6 +423,12 @@ class Settings(BaseSettings):
     @property
     def trusted_hosts(self) -> list[str]:
         return [host.strip().lower() for host in self.allowed_hosts.split(",")]
+
+    @property
+    def host_beacon_interval(self) -> float:
+        """How often a worker process says its host is alive: often enough that a host
+        is never thought dead while one of its workers runs."""
+        return min(self.heartbeat_interval, self.host_dead_after / 4)
 
     @property
     def sandboxes_dir(self) -> Path:

@@ -1,5 +1,10 @@
 """The beat-driven sweeps: hand expired runs over to new attempts, reap sandboxes, prune.
 
+Reaping has two shares (docs/architecture.md, "Hosts"): the fleet's, which any host
+can do (sandboxes no single host holds, open logs), and each host's own (its
+settled sandboxes, its orphans, what destroyed sandboxes left in its kernel), which
+beat sends to that host's queue.
+
 Every sweep is safe to run several times at once (two beats, an operator's
 ``--once``): rows are taken with ``FOR UPDATE SKIP LOCKED`` in the store, log
 writes are fenced, and destroying a sandbox twice is a no-op.
@@ -18,6 +23,7 @@ import structlog
 from turnkeeper.driver import lifecycle
 from turnkeeper.driver.output import end_log
 from turnkeeper.errors import LogClosedError, LogFencedError, TurnkeeperError
+from turnkeeper.hosts import HOST_LOCAL_PROVIDERS
 from turnkeeper.sandbox import SandboxRef
 from turnkeeper.store.records import Claim, Run
 from turnkeeper.workers.runtime import WorkerRuntime
@@ -35,6 +41,8 @@ class ReconcileReport:
     """Takeover messages sent again for handed-over runs nobody adopted in time."""
     failed: int
     requeued: int
+    rerouted: int = 0
+    """Takeovers sent to a host's queue whose host has died since: sent on to any worker."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,13 @@ class ReapReport:
     destroyed: int
     orphans: int
     logs_ended: int
+
+    def __add__(self, other: ReapReport) -> ReapReport:
+        return ReapReport(
+            self.destroyed + other.destroyed,
+            self.orphans + other.orphans,
+            self.logs_ended + other.logs_ended,
+        )
 
 
 def reconcile(
@@ -57,6 +72,12 @@ def reconcile(
     adopts it (``driver.take_over``). A takeover message nobody acted on within
     ``requeue_after`` is sent again, for the same attempt and epoch, exactly like a
     queued run's; however often that happens, only one worker adopts the attempt.
+
+    ``enqueue_takeover`` routes each message (``hosts.route_takeover``): to the queue
+    of the host holding the run's sandbox while that host is alive, so the takeover
+    waits for it without spending anything. Once the host has been unseen for
+    ``host_dead_after``, its waiting takeovers are sent once more, now to any worker,
+    which finds the sandbox lost (the run continues, or fails ``sandbox-lost``).
     """
     settings = rt.settings
     failed = rt.store.expire_exhausted(BATCH)
@@ -74,13 +95,21 @@ def reconcile(
     for claim in redispatched:
         enqueue_takeover(claim.run_id, claim.attempt_id, claim.epoch)
         log.info("takeover.redispatched", run_id=claim.run_id, epoch=claim.epoch)
+    rerouted = (
+        []
+        if settings.sandboxes_shared
+        else rt.store.takeovers_of_dead_hosts(settings.host_dead_after, BATCH)
+    )
+    for claim in rerouted:
+        enqueue_takeover(claim.run_id, claim.attempt_id, claim.epoch)
+        log.info("takeover.host_dead", run_id=claim.run_id, epoch=claim.epoch)
     stale = rt.store.stale_queued_runs(settings.requeue_after, BATCH)
     for run in stale:
         enqueue_run(run.run_id)
         rt.store.mark_dispatched(run.run_id)
         log.info("run.requeued", run_id=run.run_id)
-    report = ReconcileReport(len(handed), len(redispatched), len(failed), len(stale))
-    if handed or redispatched or failed or stale:
+    report = ReconcileReport(len(handed), len(redispatched), len(failed), len(stale), len(rerouted))
+    if handed or redispatched or failed or stale or rerouted:
         log.info("reconcile.done", **report.__dict__)
     return report
 
@@ -112,9 +141,33 @@ def end_run_log(rt: WorkerRuntime, run: Run) -> None:
 
 
 def reap(rt: WorkerRuntime) -> ReapReport:
-    """Destroy the sandboxes of settled runs, and orphaned sandboxes older than a TTL."""
+    """Both shares at once, here: what one host (an operator's ``reap``) can do."""
+    return reap_fleet(rt) + reap_host(rt)
+
+
+def reap_fleet(rt: WorkerRuntime) -> ReapReport:
+    """The fleet's share: the sandboxes of settled runs no single host holds (ssh, or
+    placed before hosts were recorded), and the logs a crash left open."""
+    runs = rt.store.runs_to_reap(BATCH, host_local=HOST_LOCAL_PROVIDERS)
+    report = ReapReport(_destroy_settled(rt, runs), 0, _end_open_logs(rt))
+    if report.destroyed or report.logs_ended:
+        log.info("reap.done", share="fleet", **report.__dict__)
+    return report
+
+
+def reap_host(rt: WorkerRuntime) -> ReapReport:
+    """This host's share: the sandboxes of settled runs it made, its orphaned sandboxes
+    older than the TTL, and what destroyed sandboxes left here (cgroups, uid claims)."""
+    runs = rt.store.runs_to_reap(BATCH, host=rt.settings.host_id, host_local=HOST_LOCAL_PROVIDERS)
+    report = ReapReport(_destroy_settled(rt, runs), _reap_orphans(rt) + _sweep(rt), 0)
+    if report.destroyed or report.orphans:
+        log.info("reap.done", share="host", host=rt.settings.host_id, **report.__dict__)
+    return report
+
+
+def _destroy_settled(rt: WorkerRuntime, runs: list[Run]) -> int:
     destroyed = 0
-    for run in rt.store.runs_to_reap(BATCH):
+    for run in runs:
         ref = _sandbox_of(run)
         try:
             if ref is not None:
@@ -123,12 +176,7 @@ def reap(rt: WorkerRuntime) -> ReapReport:
             destroyed += 1
         except TurnkeeperError as exc:
             log.warning("reap.failed", run_id=run.run_id, error=str(exc))
-    orphans = _reap_orphans(rt) + _sweep(rt)
-    logs_ended = _end_open_logs(rt)
-    report = ReapReport(destroyed, orphans, logs_ended)
-    if destroyed or orphans or logs_ended:
-        log.info("reap.done", **report.__dict__)
-    return report
+    return destroyed
 
 
 def _end_open_logs(rt: WorkerRuntime) -> int:
@@ -154,8 +202,9 @@ def prune(rt: WorkerRuntime) -> int:
         total += pruned
         if pruned < BATCH:
             break
-    if total:
-        log.info("prune.done", runs=total)
+    workers = rt.store.prune_workers(rt.settings.settled_retention)
+    if total or workers:
+        log.info("prune.done", runs=total, workers=workers)
     return total
 
 

@@ -15,6 +15,11 @@ not hold messages that an idle worker could run now.
 Two queues, so that control work never waits behind turns: ``<ns>.turns`` (long
 ``run_turn`` and ``takeover`` tasks) and ``<ns>.control`` (``reconcile``, ``reap``,
 ``prune``), served by ``turnkeeper worker`` and ``turnkeeper beat`` respectively.
+A third per host, ``<ns>.host.<host_id>``, which every worker of that host consumes
+besides the turns queue: the takeover of a run whose sandbox is on that host's disk
+(``hosts.route_takeover`` decides, for every sender), and that host's share of the
+reaping (``reap_host``), which beat's ``reap`` sends each live host
+(docs/architecture.md, "Hosts").
 
 Takeovers are served before new runs, by message priority within the turns queue
 (``TurnPriorities``): a run already started waits for a slot only behind other
@@ -37,19 +42,26 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
+import structlog
 from celery import Celery
 from celery.signals import worker_process_init, worker_process_shutdown
 from kombu import Queue
 
 from turnkeeper import driver, reconciler
 from turnkeeper.config import Settings
+from turnkeeper.hosts import route_takeover
 from turnkeeper.secret import make_undumpable
+from turnkeeper.store.store import Store
+from turnkeeper.workers.beacon import main_process_pid
 from turnkeeper.workers.runtime import close_runtimes, runtime_for
+
+log = structlog.get_logger(__name__)
 
 RUN_TURN = "turnkeeper.run_turn"
 TAKEOVER = "turnkeeper.takeover"
 RECONCILE = "turnkeeper.reconcile"
 REAP = "turnkeeper.reap"
+REAP_HOST = "turnkeeper.reap_host"
 PRUNE = "turnkeeper.prune"
 
 
@@ -59,6 +71,18 @@ def turns_queue(settings: Settings) -> str:
 
 def control_queue(settings: Settings) -> str:
     return f"{settings.namespace}.control"
+
+
+def host_queue(settings: Settings, host_id: str | None = None) -> str:
+    """The queue of one host's workers (this worker's host by default)."""
+    return f"{settings.namespace}.host.{host_id or settings.host_id}"
+
+
+def _priority_queue(settings: Settings, name: str) -> Queue:
+    """A queue carrying takeovers, declared alike by its consumers and every sender (on
+    RabbitMQ a queue redeclared with other arguments is refused)."""
+    priorities = TurnPriorities.for_broker(settings.effective_broker_url)
+    return Queue(name, queue_arguments=priorities.queue_arguments)
 
 
 @dataclass(frozen=True)
@@ -82,8 +106,12 @@ def _is_redis(broker_url: str) -> bool:
     return broker_url.startswith(("redis://", "rediss://", "unix://"))
 
 
-def create_app(settings: Settings) -> Celery:
-    """A Celery app for ``settings`` (both service URLs set). Connects nothing yet."""
+def create_app(settings: Settings, *, turn_worker: bool = True) -> Celery:
+    """A Celery app for ``settings`` (both service URLs set). Connects nothing yet.
+
+    ``turn_worker``: its pool processes announce their host (``HostBeacon``); beat's
+    control worker, which serves no host's queue, passes False so it never makes a
+    host look alive."""
     broker = settings.effective_broker_url
     app = Celery("turnkeeper", broker=broker, set_as_current=False)
     turns, control = turns_queue(settings), control_queue(settings)
@@ -102,8 +130,9 @@ def create_app(settings: Settings) -> Celery:
         worker_disable_prefetch=True,
         worker_prefetch_multiplier=1,
         task_queues=(
-            Queue(turns, queue_arguments=priorities.queue_arguments),
+            _priority_queue(settings, turns),
             Queue(control),
+            _priority_queue(settings, host_queue(settings)),
         ),
         task_default_queue=control,
         task_routes={
@@ -127,26 +156,53 @@ def create_app(settings: Settings) -> Celery:
             "prune": {"task": PRUNE, "schedule": timedelta(seconds=settings.prune_interval)},
         },
     )
-    _register_tasks(app, settings)
+    _register_tasks(app, settings, announce=turn_worker)
     return app
 
 
-def _register_tasks(app: Celery, settings: Settings) -> None:
+def _register_tasks(app: Celery, settings: Settings, *, announce: bool) -> None:
     @app.task(name=RUN_TURN, shared=False)
     def run_turn(run_id: str) -> None:
         driver.run_turn(runtime_for(settings), run_id)
 
     @app.task(name=TAKEOVER, shared=False)
     def takeover(run_id: str, attempt_id: str, epoch: int) -> None:
-        driver.take_over(runtime_for(settings), run_id, attempt_id, epoch)
+        runtime = runtime_for(settings)
+        # A message on the wrong queue (sent before the host of the run's sandbox was
+        # known to be alive, or by an older sender) goes on to that host's queue.
+        host = route_takeover(runtime.store, settings, run_id)
+        if host is not None and host != settings.host_id:
+            log.info("takeover.forwarded", run_id=run_id, epoch=epoch, host=host)
+            _send_takeover(app, settings, run_id, attempt_id, epoch, host=host)
+            return
+        driver.take_over(runtime, run_id, attempt_id, epoch)
 
     @app.task(name=RECONCILE, shared=False)
     def reconcile() -> None:
-        reconciler.reconcile(runtime_for(settings), **enqueuers(app, settings))
+        runtime = runtime_for(settings)
+        reconciler.reconcile(runtime, **enqueuers(app, settings, runtime.store))
 
     @app.task(name=REAP, shared=False)
     def reap() -> None:
-        reconciler.reap(runtime_for(settings))
+        """The fleet's share here, then each live host its own, on its queue."""
+        runtime = runtime_for(settings)
+        reconciler.reap_fleet(runtime)
+        for host in runtime.store.live_hosts(settings.host_dead_after):
+            _send_prioritised(
+                app,
+                settings,
+                REAP_HOST,
+                [host],
+                host_queue(settings, host),
+                expires=settings.reap_interval * 2,
+            )
+
+    @app.task(name=REAP_HOST, shared=False)
+    def reap_host(host_id: str) -> None:
+        if host_id != settings.host_id:  # a queue only this host's workers consume
+            log.warning("reap.wrong_host", host=host_id, here=settings.host_id)
+            return
+        reconciler.reap_host(runtime_for(settings))
 
     @app.task(name=PRUNE, shared=False)
     def prune() -> None:
@@ -154,11 +210,16 @@ def _register_tasks(app: Celery, settings: Settings) -> None:
 
     def open_after_fork(**_: Any) -> None:
         make_undumpable()  # inherited from the parent already; said again for any pool kind
-        runtime_for(settings)  # connections belong to the child, opened after the fork
+        # Connections belong to the child, opened after the fork; its beacon says its
+        # host is alive, and carries drain orders for the worker it is in.
+        runtime = runtime_for(settings)
+        main_pid = main_process_pid() if announce else None
+        if main_pid is not None:
+            runtime.announce(main_pid=main_pid)
 
     # Signals are process-wide: one handler per distinct settings, however many apps.
     worker_process_init.connect(
-        open_after_fork, weak=False, dispatch_uid=f"turnkeeper-open-{hash(settings)}"
+        open_after_fork, weak=False, dispatch_uid=f"turnkeeper-open-{hash(settings)}-{announce}"
     )
     worker_process_shutdown.connect(close_on_shutdown, weak=False, dispatch_uid="turnkeeper-close")
 
@@ -174,19 +235,50 @@ def enqueue_run(app: Celery, settings: Settings, run_id: str) -> None:
 
 
 def enqueue_takeover(
-    app: Celery, settings: Settings, run_id: str, attempt_id: str, epoch: int
+    app: Celery,
+    settings: Settings,
+    run_id: str,
+    attempt_id: str,
+    epoch: int,
+    *,
+    store: Store | None = None,
 ) -> None:
-    """Trigger ``takeover`` for a run the reconciler handed to ``attempt_id``: served
-    before any new run (losing or repeating this message loses nothing either)."""
-    priority = TurnPriorities.for_broker(settings.effective_broker_url).takeover
+    """Trigger ``takeover`` for a run handed to ``attempt_id``: served before any new
+    run (losing or repeating this message loses nothing either), on the queue
+    ``hosts.route_takeover`` names: the host holding the run's sandbox while it is
+    alive, else the shared turns queue."""
+    host = route_takeover(store or runtime_for(settings).store, settings, run_id)
+    _send_takeover(app, settings, run_id, attempt_id, epoch, host=host)
+
+
+def _send_takeover(
+    app: Celery, settings: Settings, run_id: str, attempt_id: str, epoch: int, *, host: str | None
+) -> None:
+    queue = turns_queue(settings) if host is None else host_queue(settings, host)
+    _send_prioritised(app, settings, TAKEOVER, [run_id, attempt_id, epoch], queue)
+
+
+def _send_prioritised(
+    app: Celery, settings: Settings, task: str, args: list[Any], queue: str, **options: Any
+) -> None:
+    """Send ``task`` at the takeover priority to ``queue``, declared as its consumers
+    declare it (``_priority_queue``), whether or not this app consumes it."""
     app.send_task(
-        TAKEOVER, args=[run_id, attempt_id, epoch], queue=turns_queue(settings), priority=priority
+        task,
+        args=args,
+        # Celery takes a Queue here (routes.expand_destination); celery-types says str.
+        queue=_priority_queue(settings, queue),  # type: ignore[arg-type]
+        priority=TurnPriorities.for_broker(settings.effective_broker_url).takeover,
+        **options,
     )
 
 
-def enqueuers(app: Celery, settings: Settings) -> dict[str, Callable[..., None]]:
-    """The reconciler's two triggers, bound to ``app``."""
+def enqueuers(
+    app: Celery, settings: Settings, store: Store | None = None
+) -> dict[str, Callable[..., None]]:
+    """The reconciler's two triggers, bound to ``app`` (and to ``store``, which routes
+    takeovers; this process's runtime's by default)."""
     return {
-        "enqueue_takeover": partial(enqueue_takeover, app, settings),
+        "enqueue_takeover": partial(enqueue_takeover, app, settings, store=store),
         "enqueue_run": partial(enqueue_run, app, settings),
     }

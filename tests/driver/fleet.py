@@ -98,6 +98,17 @@ class Fleet:
             assert time.monotonic() < deadline, self.dump_logs()
             time.sleep(0.1)
 
+    def run_cli(self, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+        """A ``turnkeeper`` command with this fleet's settings (a hang guard, no timing)."""
+        return subprocess.run(
+            [sys.executable, "-m", "turnkeeper", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
     def start_beat(self) -> subprocess.Popen[bytes]:
         return self._start("beat", "beat", *CELERY_QUIET)
 
@@ -187,6 +198,18 @@ class Fleet:
         self.start_worker()
         self.start_worker()
         self.start_beat()
+
+
+def host_fleet(settings: Settings, root: Path, host_id: str, **overrides: Any) -> Fleet:
+    """One simulated host on this machine: its own ``TURNKEEPER_HOST_ID``, data dir
+    (so its own sandboxes dir) and logs, on the test's servers and namespace."""
+    own = settings.model_copy(update={"data_dir": root / host_id / "data"})
+    return Fleet.create(own, root / host_id / "logs", host_id=host_id, **overrides)
+
+
+def kill_agents(fleet: Fleet) -> None:
+    """End the agents under the fleet's sandboxes: what a host's death does to them."""
+    _kill_agents(fleet.settings.sandboxes_dir)
 
 
 def _kill_agents(root: Path) -> None:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from tests.driver.fleet import Fleet, expected_log
+from turnkeeper.config import default_host_id
 
 TURNKEEPER = [sys.executable, "-m", "turnkeeper"]
 AGENT = {"preset": "scripted", "turns": 2, "pace": 0.02, "seed": 4}
@@ -56,6 +57,8 @@ def test_submit_prints_only_the_run_id_and_tail_json_is_the_log(
         "error": None,
     }
     assert set(info) >= {"owner", "lease_expires_at"}
+    # The placement's host: the worker's TURNKEEPER_HOST_ID (its hostname by default).
+    assert info["host"] == fleet.settings.host_id == default_host_id()
 
     table = cli(fleet, "runs")
     assert "cli-1" in table.stdout
@@ -93,7 +96,7 @@ def test_cancel_and_the_sweeps_once(fleet: Fleet) -> None:
     cancelled = cli(fleet, "cancel", "to-cancel")
     assert cancelled.stdout == "to-cancel aborted\n"
     for sweep, fields in [
-        ("reconcile", "taken_over=0 redispatched=0 failed=0 requeued=0"),
+        ("reconcile", "taken_over=0 redispatched=0 failed=0 requeued=0 rerouted=0"),
         ("reap", "destroyed=0 orphans=0 logs_ended=0"),  # a queued run never had a sandbox
         ("prune", "0"),
     ]:

@@ -19,12 +19,14 @@ from turnkeeper.store.records import RunStatus
 from turnkeeper.tasks import (
     PRUNE,
     REAP,
+    REAP_HOST,
     RECONCILE,
     RUN_TURN,
     TAKEOVER,
     TurnPriorities,
     control_queue,
     create_app,
+    host_queue,
     turns_queue,
 )
 
@@ -85,6 +87,10 @@ def test_a_run_through_celerys_in_process_worker(settings: Settings, tmp_path: P
         with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=30):
             app.send_task(RECONCILE, queue=control_queue(settings))
             app.send_task(REAP, queue=control_queue(settings))
+            # A process of a `turnkeeper worker` says its host is alive and beat's reap
+            # sends the host its share; this in-process worker says nothing, so the
+            # share is sent here, to the host queue it consumes too.
+            app.send_task(REAP_HOST, args=[settings.host_id], queue=host_queue(settings))
             deadline = time.monotonic() + 60  # a hang guard, not a timing assertion
             # The reaper forgets the sandbox; the journals stay, for a rebuild of the log.
             while Placement.of(client.require(run.run_id)).sandbox is not None:

@@ -82,6 +82,17 @@ def test_submit_stream_status_transcript_metrics(
     assert http.get("/healthz").json() == {"status": "ok", "database": "ok", "redis": "ok"}
     assert "/runs/{run_id}/events" in http.get("/openapi.json").json()["paths"]
 
+    # The fleet page's data: an admin key's only. The run ran on the worker's host and
+    # its sandbox is destroyed, but its placement names it until the reaper forgets it.
+    assert http.get("/fleet/hosts").status_code == 403
+    with web.http(api_keys.admin) as admin:
+        hosts = admin.get("/fleet/hosts").json()["hosts"]
+    assert [host["host_id"] for host in hosts] == [fleet.settings.host_id]
+    assert hosts[0]["alive"]
+    assert hosts[0]["workers"]
+    assert not any(w["draining"] for w in hosts[0]["workers"])
+    assert [s["run_id"] for s in hosts[0]["sandboxes"]] in ([run_id], [])
+
 
 def test_resume_from_every_offset_gives_exactly_the_suffix(
     fleet: Fleet, http: httpx.Client

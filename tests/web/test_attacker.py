@@ -126,9 +126,10 @@ def _wait_healthy(base_url: str, proc: subprocess.Popen[bytes], log: Path) -> No
 # last use, a session's leaf as its runs commit turns.
 _VOLATILE = {
     "runs": ("updated_at", "lease_expires_at", "sandbox_ref", "dispatched_at", "started_at",
-             "finished_at", "owner", "attempt_id"),
+             "finished_at", "owner", "attempt_id", "sandbox_host"),
     "sessions": ("updated_at", "leaf_id", "version"),
     "api_keys": ("last_used_at",),
+    "workers": ("last_seen",),  # the workers' heartbeats
 }  # fmt: skip
 _UNSETTLED = "SELECT 1 FROM runs u WHERE u.run_id = t.run_id AND u.status IN ('queued', 'running')"
 
@@ -190,6 +191,7 @@ KEYED_ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("GET", f"/runs/{V}/events", None),
     ("GET", f"/sessions/{quote(VICTIM_SESSION, safe='')}/transcript", None),
     ("GET", "/metrics", None),
+    ("GET", "/fleet/hosts", None),
     ("GET", "/key", None),
     ("GET", "/openapi.json", None),
 ]
@@ -263,6 +265,8 @@ def test_another_tenant_is_told_nothing_exists(target: Target, fleet: Fleet) -> 
         assert joined.json()["reason"] == "session-taken"
         assert "my secret plan" not in taken.text + joined.text
         assert refused(target, bob, "GET", "/metrics", 403).json()["reason"] == "admin-only"
+        hosts = refused(target, bob, "GET", "/fleet/hosts", 403)  # hosts, pids, other runs' ids
+        assert hosts.json()["reason"] == "admin-only"
     # Its owner and an admin key see it; the stream token opens it for anyone holding it.
     with target.http(target.keys.alice) as alice:
         assert [r["run_id"] for r in alice.get("/runs").json()["runs"]] == [VICTIM]

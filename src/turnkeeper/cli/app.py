@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from turnkeeper import checkup
-from turnkeeper.cli import demo, fleet, runs, web
+from turnkeeper.cli import demo, fleet, hosts, runs, web
 from turnkeeper.cli.context import console, services, settings_from_env, with_dev_secret
 from turnkeeper.cli.keys import keys_app
 from turnkeeper.store import migration
@@ -31,6 +31,7 @@ app.command(context_settings=fleet.PASS_THROUGH)(fleet.beat)
 app.command()(fleet.reconcile)
 app.command()(fleet.reap)
 app.command()(fleet.prune)
+app.command()(hosts.hosts)
 app.command()(web.web)
 app.command()(demo.demo)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -21,7 +22,9 @@ from turnkeeper.errors import TurnkeeperError
 from turnkeeper.sandbox.egress import stop_proxies
 from turnkeeper.sandbox.readiness import check_provider
 from turnkeeper.secret import ServerSecret, make_undumpable
-from turnkeeper.tasks import control_queue, create_app, enqueuers, turns_queue
+from turnkeeper.store.store import Store
+from turnkeeper.tasks import control_queue, create_app, enqueuers, host_queue, turns_queue
+from turnkeeper.workers.beacon import is_worker_command
 from turnkeeper.workers.runtime import WorkerRuntime
 
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -38,9 +41,30 @@ def _celery_argv(defaults: list[str], given: list[str]) -> list[str]:
     return argv + given
 
 
-def worker(ctx: typer.Context) -> None:
+Drain = Annotated[
+    bool,
+    typer.Option(
+        "--drain",
+        help="Drain this host's running workers instead: they stop taking runs, finish "
+        "theirs or hand them over, and exit; returns once they have.",
+    ),
+]
+HandOverAfter = Annotated[
+    float,
+    typer.Option(
+        "--hand-over-after",
+        min=0,
+        help="With --drain: seconds a run may take to finish before it is handed over.",
+    ),
+]
+
+
+def worker(ctx: typer.Context, drain: Drain = False, hand_over_after: HandOverAfter = 60.0) -> None:
     """Run a Celery worker for turns; Celery's own options pass through (e.g. -c 4)."""
     settings = settings_from_env(quiet=False)
+    if drain:
+        drain_host(settings, hand_over_after)
+        return
     with services(settings, start=False) as resolved:
         ServerSecret.require(resolved, "to start a worker")
         make_undumpable()
@@ -50,11 +74,40 @@ def worker(ctx: typer.Context) -> None:
             raise fail(exc.message) from None
         app = create_app(resolved)
         defaults = [
-            "-Q", turns_queue(resolved),
-            "-n", f"turnkeeper-{os.getpid()}@%h",
+            "-Q", f"{turns_queue(resolved)},{host_queue(resolved)}",
+            "-n", f"turnkeeper-{os.getpid()}@{resolved.host_id}",
             "--loglevel", resolved.log_level,
         ]  # fmt: skip
         app.worker_main(["worker", *_celery_argv(defaults, list(ctx.args))])
+
+
+def drain_host(settings: Settings, hand_over_after: float) -> None:
+    """Drain the live workers of this host (``TURNKEEPER_HOST_ID``): each is marked
+    draining in the store and sent SIGTERM, Celery's warm shutdown (no new messages;
+    running tasks go on). Runs that do not finish within ``hand_over_after`` are handed
+    over: their leases are let go, and a worker of this host adopts them (their
+    sandboxes are on its disk). Returns once every drained worker has exited."""
+    with services(settings, start=False) as resolved:
+        store = Store(resolved.require_database_url(), pool_size=1)
+        try:
+            drained = store.drain_workers(
+                resolved.host_id, resolved.host_dead_after, hand_over_after
+            )
+        finally:
+            store.close()
+    mains = sorted({w.main_pid for w in drained if is_worker_command(w.main_pid)})
+    console.print(
+        f"draining {len(mains)} worker(s) on host {resolved.host_id}: runs still going in "
+        f"{hand_over_after:g}s are handed over",
+        highlight=False,
+    )
+    for pid in mains:  # only pids that still run a worker: a pid may have been reused
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    while alive := [pid for pid in mains if is_worker_command(pid)]:
+        time.sleep(0.5)
+        mains = alive
+    console.print(f"host {resolved.host_id} drained", highlight=False)
 
 
 def beat(ctx: typer.Context) -> None:
@@ -63,7 +116,7 @@ def beat(ctx: typer.Context) -> None:
     with services(settings, start=False) as resolved:
         ServerSecret.require(resolved, "to start beat")
         make_undumpable()
-        app = create_app(resolved)
+        app = create_app(resolved, turn_worker=False)
         resolved.data_dir.mkdir(parents=True, exist_ok=True)
         defaults = [
             "-Q", control_queue(resolved),
@@ -107,7 +160,7 @@ def reconcile(once: Once = False) -> None:
         "reconcile",
         once,
         lambda s: s.reconcile_interval,
-        lambda rt, s: reconciler.reconcile(rt, **enqueuers(create_app(s), s)),
+        lambda rt, s: reconciler.reconcile(rt, **enqueuers(create_app(s), s, rt.store)),
     )
 
 

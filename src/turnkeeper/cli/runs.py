@@ -124,7 +124,7 @@ def status(
     run_id: str,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
 ) -> None:
-    """Show a run's status, phase, epoch, attempts, owner, lease and error."""
+    """Show a run's status, phase, epoch, attempts, owner, sandbox host, lease and error."""
     with client_from_env() as client:
         run = client.require(run_id)
         journal = client.store.get_turn_slot(run_id)
@@ -149,6 +149,7 @@ def describe(run: Run, phase: str | None) -> dict[str, Any]:
         "attempt_count": run.attempt_count,
         "max_attempts": run.max_attempts,
         "owner": run.owner,
+        "host": run.sandbox_host,
         "lease_expires_at": iso(run.lease_expires_at),
         "cancel_requested_at": iso(run.cancel_requested_at),
         "created_at": iso(run.created_at),

@@ -204,6 +204,7 @@ class Attempt:
         self.run = run
         self.keeper = keeper
         self.ownership = ownership
+        self.hand_over = runtime.hand_over
         payload = run.payload if isinstance(run.payload, dict) else {}
         self.prompt = str(payload.get("prompt", ""))
         self.spec = AgentSpec.from_payload(payload.get("agent", "scripted"))
@@ -219,6 +220,7 @@ class Attempt:
             claim,
             Placement.of(run),
             spec=SandboxSpec(journal_max_bytes=self.settings.journal_max_bytes),
+            settings=self.settings,
             max_line_bytes=self.settings.max_line_bytes,
         )
         self._log = log.bind(run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
@@ -424,6 +426,8 @@ class Attempt:
         write) and start the agent there as it would have started, no mark, no
         continuation."""
         self._log.warning("journal.never_started", journal=len(self.place.journals) - 1)
+        if not self.place.owns(sandbox):  # read on a shared volume: start in our own
+            sandbox = self.place.resume_or_create()
         journal = self.place.restart(sandbox)
         return self._spawn(sandbox, journal, self._command())
 
@@ -474,6 +478,10 @@ class Attempt:
                     final = lifecycle.run_error(_DEADLINE, "deadline-exceeded")
                     self._abort(final, RunStatus.FAILED, error)
                     return None
+                if self.hand_over.is_set():
+                    feed.stop()
+                    self._hand_over()
+                    return None
                 self.ownership.check()
                 batch = feed.next_batch(_WAKE)
                 if batch is None:
@@ -496,6 +504,15 @@ class Attempt:
                 return Exited(journal, batch.exit_code, batch.end_position, sandbox)
         finally:
             feed.stop()
+
+    def _hand_over(self) -> None:
+        """A drain's deadline passed (``HostBeacon``): stop driving and let the lease go
+        now. The agent goes on writing its journal; the next reconcile hands the run
+        to a new attempt, which replays and follows it (on this host's queue, for a
+        sandbox on its disk), as after any crash, only sooner."""
+        self.keeper.stop()
+        self.ownership.confirm(self.store.release_lease(self.claim))
+        self._log.info("attempt.released", reason="drain")
 
     def _loss_reason(self, error: BaseException) -> str:
         """Why a journal read ended without a sentinel, when that means the agent

@@ -17,6 +17,12 @@ Every call to the sandbox here is retried while its host cannot be reached
 (``resilience.sandbox_retry_policy``): ``resume`` answers None only when the
 provider says the sandbox is gone, never because the link is down.
 
+The record also names the host that made the sandbox (``host``): a ``local`` or
+``bwrap`` sandbox is on that host's disk, so only that host resumes it, spawns in it
+and destroys it, unless the sandboxes dir is shared, when any host may read it
+(``hosts.can_read``, ``hosts.can_spawn``; docs/architecture.md, "Hosts"). Elsewhere
+the sandbox is not there: ``resume`` answers None, as for a sandbox that is gone.
+
 Every sentinel nonce the driver needs is looked up here (``nonce_of``,
 ``sentinel_of``): a random one per agent process, drawn when its journal is planned
 and kept in the record next to the journal's handle, so a successor reads it there.
@@ -30,6 +36,8 @@ from typing import Any
 
 import structlog
 
+from turnkeeper import hosts
+from turnkeeper.config import Settings
 from turnkeeper.driver.ownership import Ownership
 from turnkeeper.driver.resilience import sandbox_retry_policy
 from turnkeeper.errors import JournalExistsError
@@ -98,24 +106,30 @@ class PlacedJournal:
 
 @dataclass
 class Placement:
-    """The run's sandbox and its agent processes' journals, in the order they ran."""
+    """The run's sandbox, the host that made it, and its agent processes' journals, in
+    the order they ran."""
 
     sandbox: SandboxRef | None = None
     journals: list[PlacedJournal] = field(default_factory=list)
+    host: str | None = None
+    """The host (``TURNKEEPER_HOST_ID``) whose worker made ``sandbox``."""
 
     @classmethod
     def of(cls, run: Run) -> Placement:
         data = run.sandbox_ref or {}
         sandbox = SandboxRef.from_dict(data["sandbox"]) if data.get("sandbox") else None
+        host = data.get("host")
         return cls(
             sandbox=sandbox,
             journals=[PlacedJournal.from_dict(j) for j in data.get("journals", [])],
+            host=str(host) if host is not None else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "sandbox": self.sandbox.to_dict() if self.sandbox else None,
             "journals": [j.to_dict() for j in self.journals],
+            "host": self.host,
         }
 
     @property
@@ -159,6 +173,7 @@ class Placer:
         placement: Placement,
         *,
         spec: SandboxSpec,
+        settings: Settings,
         max_line_bytes: int | None = None,
     ) -> None:
         self.provider = provider
@@ -167,6 +182,7 @@ class Placer:
         self.claim = claim
         self.placement = placement
         self.spec = spec
+        self.settings = settings
         self.max_line_bytes = max_line_bytes
         self._link = sandbox_retry_policy()
 
@@ -177,26 +193,50 @@ class Placer:
     # --- sandboxes ------------------------------------------------------------------
 
     def resume(self) -> Sandbox | None:
-        """The run's sandbox, or None when it is known to be gone."""
+        """The run's sandbox, or None when it is known to be gone, or is not on this host
+        (another host's disk, and no shared sandboxes dir)."""
         ref = self.placement.sandbox
-        return None if ref is None else self._link(self.provider.resume, ref)
+        if ref is None or not hosts.can_read(ref.provider, self.placement.host, self.settings):
+            return None
+        return self._link(self.provider.resume, ref)
 
     def resume_or_create(self) -> Sandbox:
+        """The sandbox to start the next agent process in: the run's own when this host
+        made it, else a new one here (another host's cgroup and uid are not ours)."""
+        ref = self.placement.sandbox
+        if ref is not None and not self._here(ref):
+            return self._create()
         return self.resume() or self._create()
+
+    def _here(self, ref: SandboxRef) -> bool:
+        return hosts.can_spawn(ref.provider, self.placement.host, self.settings)
+
+    def owns(self, sandbox: Sandbox) -> bool:
+        """Whether this host may start processes in ``sandbox`` (see ``resume_or_create``)."""
+        ref = self.placement.sandbox
+        return ref is not None and ref.id == sandbox.ref.id and self._here(ref)
 
     def _create(self) -> Sandbox:
         # A retry after a lost reply makes a second directory: an orphan for the reaper.
         ref = self._link(self.provider.create, self.claim.run_id, self.spec)
         # Recorded with the first journal, before anything runs in it; a crash before
         # that leaves an empty orphan for the reaper.
-        self.placement = Placement(ref, list(self.placement.journals))
+        self.placement = Placement(ref, list(self.placement.journals), self.settings.host_id)
         sandbox = self._link(self.provider.resume, ref)
         assert sandbox is not None  # noqa: S101 - just created
         return sandbox
 
     def destroy(self) -> None:
-        if self.placement.sandbox is not None:
-            self._link(self.provider.destroy, self.placement.sandbox)
+        """Destroy the run's sandbox, when this host can: another host's sandbox is
+        destroyed by that host's reap once the run is settled (its processes are not
+        this host's to signal)."""
+        ref = self.placement.sandbox
+        if ref is None:
+            return
+        if not self._here(ref):
+            log.info("sandbox.destroy_deferred", run_id=self.claim.run_id, host=self.placement.host)
+            return
+        self._link(self.provider.destroy, ref)
 
     # --- journals ---------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
@@ -80,9 +81,20 @@ class MaintenanceMixin(StoreBase):
             Run.from_row(r) for r in self._db.rows("recently_settled", q.RECENTLY_SETTLED, params)
         ]
 
-    def runs_to_reap(self, limit: int) -> list[Run]:
-        """Settled runs that still have a sandbox reference, oldest settled first."""
-        rows = self._db.rows("runs_to_reap", q.RUNS_TO_REAP, {"limit": check_limit(limit)})
+    def runs_to_reap(
+        self, limit: int, *, host: str | None = None, host_local: Collection[str] = ()
+    ) -> list[Run]:
+        """Settled runs that still have a sandbox reference, oldest settled first.
+
+        Without ``host``: those any host can destroy (a provider not in ``host_local``,
+        or no host recorded); with it: the ``host_local`` sandboxes ``host`` made.
+        """
+        params = {
+            "limit": check_limit(limit),
+            "host": None if host is None else check_id(host, "host_id"),
+            "host_local": sorted(host_local),
+        }
+        rows = self._db.rows("runs_to_reap", q.RUNS_TO_REAP, params)
         return [Run.from_row(r) for r in rows]
 
     def forget_sandbox(self, run_id: str) -> bool:

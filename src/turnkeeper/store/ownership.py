@@ -77,6 +77,21 @@ class OwnershipMixin(StoreBase):
             )
         return verdict
 
+    def release_lease(self, claim: Claim) -> Verdict:
+        """Let the lease go now (a draining worker handing its run over): the next
+        reconcile hands the run to a new attempt. The agent and its journal go on."""
+        check_claim(claim)
+        params = {"run_id": claim.run_id, "attempt_id": claim.attempt_id}
+        verdict = self._owner_write("release_lease", q.RELEASE_LEASE, params, claim)
+        if verdict is Verdict.DONE:
+            log.info(
+                "lease.released",
+                run_id=claim.run_id,
+                attempt_id=claim.attempt_id,
+                epoch=claim.epoch,
+            )
+        return verdict
+
     def replace_turn_slot_attempt(
         self,
         run_id: str,

@@ -18,7 +18,7 @@ RUN_COLUMNS = (
     "run_id, seq, session_id, status, payload, attempt_id, epoch, owner, lease_expires_at, "
     "attempt_count, max_attempts, deadline, cancel_requested_at, sandbox_ref, created_at, "
     "started_at, finished_at, updated_at, error, dispatched_at, pruned_at, key_name, "
-    "handed_over_at"
+    "handed_over_at, sandbox_host"
 )
 SLOT_COLUMNS = (
     "run_id, attempt_id, turn_index, turn_id, phase, revision, journal_key, tool_request, "
@@ -49,6 +49,8 @@ _FRAGMENTS = {
     "r_run_columns": _q("r", RUN_COLUMNS),
     "e_entry_columns": _q("e", ENTRY_COLUMNS),
     "lease": "now() + make_interval(secs => CAST(:lease_ttl AS double precision))",
+    # A worker seen after this is alive, and so is its host.
+    "seen_since": "now() - make_interval(secs => CAST(:dead_after AS double precision))",
     "owned_slot": _OWNED_SLOT,
     "key_columns": KEY_COLUMNS,
     # A run's payload without its sealed env: what idempotency compares, and what a
@@ -141,6 +143,15 @@ RENEW_LEASE = _sql("""
 UPDATE runs SET lease_expires_at = $lease, updated_at = now()
 WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
 RETURNING lease_expires_at
+""")
+
+# An owner letting its lease go (a drained worker): expired now, so the next reconcile
+# hands the run over, instead of one lease_ttl later.
+RELEASE_LEASE = text("""
+UPDATE runs SET lease_expires_at = now() - interval '1 millisecond', updated_at = now()
+WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
+  AND handed_over_at IS NULL
+RETURNING run_id
 """)
 
 # The forced handoff (an operator's, a test's): the new attempt owns the run and
@@ -301,8 +312,10 @@ WHERE r.run_id = :run_id AND r.attempt_id = :attempt_id AND r.status = :status
   AND a.outcome = :status
 """)
 
+# The placement record's host is copied to a column, so per-host reads are indexed.
 RECORD_SANDBOX = text("""
-UPDATE runs SET sandbox_ref = CAST(:sandbox_ref AS jsonb), updated_at = now()
+UPDATE runs SET sandbox_ref = CAST(:sandbox_ref AS jsonb),
+    sandbox_host = CAST(:sandbox_ref AS jsonb) ->> 'host', updated_at = now()
 WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
 RETURNING run_id
 """)
@@ -607,10 +620,18 @@ LIMIT :limit
 
 # A reaped run keeps the journals of its placement record (what ran, with their nonces
 # and give-ups): a run log Redis lost is rebuilt from them (driver.replay.StoredLog).
+# Without a host: the sandboxes any host can destroy (no host-local provider, or no
+# host recorded); with one: that host's own. ``:host_local`` is hosts.HOST_LOCAL_PROVIDERS.
 RUNS_TO_REAP = _sql("""
 SELECT $run_columns FROM runs
 WHERE status IN ('completed', 'failed', 'aborted')
   AND jsonb_typeof(sandbox_ref -> 'sandbox') = 'object'
+  AND CASE WHEN CAST(:host AS text) IS NULL
+      THEN sandbox_host IS NULL
+           OR NOT (sandbox_ref -> 'sandbox' ->> 'provider') = ANY(CAST(:host_local AS text[]))
+      ELSE sandbox_host = :host
+           AND (sandbox_ref -> 'sandbox' ->> 'provider') = ANY(CAST(:host_local AS text[]))
+      END
 ORDER BY finished_at
 LIMIT :limit
 """)
@@ -644,6 +665,92 @@ WITH batch AS (
     RETURNING r.run_id
 )
 SELECT count(*) FROM marked
+""")
+
+# --- hosts and their workers -------------------------------------------------------------
+
+# A worker process starting: a fresh row (a pid reused by a new process starts anew,
+# without an earlier process's drain).
+START_WORKER = text("""
+INSERT INTO workers (worker_id, host_id, pid, main_pid)
+VALUES (:worker_id, :host_id, :pid, :main_pid)
+ON CONFLICT (worker_id) DO UPDATE SET host_id = EXCLUDED.host_id, pid = EXCLUDED.pid,
+    main_pid = EXCLUDED.main_pid, started_at = now(), last_seen = now(),
+    draining_at = NULL, hand_over_at = NULL
+RETURNING worker_id
+""")
+
+# A worker's heartbeat, answering its drain orders (a pruned row comes back).
+BEAT_WORKER = text("""
+INSERT INTO workers (worker_id, host_id, pid, main_pid)
+VALUES (:worker_id, :host_id, :pid, :main_pid)
+ON CONFLICT (worker_id) DO UPDATE SET last_seen = now()
+RETURNING draining_at IS NOT NULL AS draining,
+    COALESCE(hand_over_at <= now(), false) AS hand_over_due
+""")
+
+HOST_ALIVE = _sql("""
+SELECT EXISTS (SELECT 1 FROM workers WHERE host_id = :host_id AND last_seen > $seen_since) AS alive
+""")
+
+LIVE_HOSTS = _sql("""
+SELECT DISTINCT host_id FROM workers WHERE last_seen > $seen_since ORDER BY host_id
+""")
+
+DRAIN_WORKERS = _sql("""
+UPDATE workers SET draining_at = COALESCE(draining_at, now()),
+    hand_over_at = now() + make_interval(secs => CAST(:hand_over_after AS double precision))
+WHERE host_id = :host_id AND last_seen > $seen_since
+RETURNING worker_id, pid, main_pid
+""")
+
+WORKERS = _sql("""
+SELECT worker_id, host_id, pid, main_pid, started_at, last_seen, draining_at, hand_over_at,
+    last_seen > $seen_since AS alive
+FROM workers ORDER BY host_id, started_at, worker_id
+""")
+
+# The sandboxes the fleet holds: every run whose placement still names one.
+PLACED_SANDBOXES = text("""
+SELECT run_id, status, owner, sandbox_host, handed_over_at IS NOT NULL AS awaiting_adoption,
+    sandbox_ref -> 'sandbox' ->> 'provider' AS provider,
+    sandbox_ref -> 'sandbox' ->> 'id' AS sandbox_id
+FROM runs
+WHERE jsonb_typeof(sandbox_ref -> 'sandbox') = 'object'
+ORDER BY sandbox_host, seq
+LIMIT :limit
+""")
+
+PRUNE_WORKERS = text("""
+WITH pruned AS (
+    DELETE FROM workers
+    WHERE last_seen < now() - make_interval(secs => CAST(:older_than AS double precision))
+    RETURNING 1
+)
+SELECT count(*) FROM pruned
+""")
+
+# Takeovers sent to a host's queue while it was alive, whose host has died since:
+# dispatched again (same attempt, same epoch), once, for the caller to send to the
+# shared queue. A run's last dispatch before its host's last heartbeat + dead_after
+# went to the host; any later one was routed after the host was dead.
+DEAD_HOST_TAKEOVERS = _sql("""
+WITH seen AS (
+    SELECT host_id, max(last_seen) AS last_seen FROM workers GROUP BY host_id
+), stale AS (
+    SELECT r.run_id FROM runs r JOIN seen s ON s.host_id = r.sandbox_host
+    WHERE r.status = 'running' AND r.handed_over_at IS NOT NULL
+      AND r.cancel_requested_at IS NULL AND (r.deadline IS NULL OR r.deadline > now())
+      AND s.last_seen <= $seen_since
+      AND COALESCE(r.dispatched_at, r.handed_over_at)
+          < s.last_seen + make_interval(secs => CAST(:dead_after AS double precision))
+    ORDER BY r.handed_over_at, r.seq
+    LIMIT :limit
+    FOR UPDATE OF r SKIP LOCKED
+)
+UPDATE runs r SET dispatched_at = now(), updated_at = now()
+FROM stale s WHERE r.run_id = s.run_id
+RETURNING r.run_id, r.attempt_id, r.epoch
 """)
 
 NOW = text("SELECT now()")

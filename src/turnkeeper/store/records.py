@@ -103,6 +103,8 @@ class Run:
     """The API key the run belongs to; None for a trusted client's own runs."""
     handed_over_at: datetime | None = None
     """Set while the run awaits a worker's adoption of its new attempt (no lease runs)."""
+    sandbox_host: str | None = None
+    """The host that made the run's sandbox (``hosts.py``); None before it has one."""
 
     @property
     def awaiting_adoption(self) -> bool:
@@ -130,6 +132,53 @@ class ApiKey:
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> ApiKey:
         return cls(**dict(row))
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """A worker process as its heartbeats left it: its host, and any drain it was given."""
+
+    worker_id: str
+    host_id: str
+    pid: int
+    main_pid: int
+    started_at: datetime
+    last_seen: datetime
+    draining_at: datetime | None
+    hand_over_at: datetime | None
+    alive: bool
+    """Seen within ``host_dead_after`` (the database clock)."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> Worker:
+        return cls(**dict(row))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerOrders:
+    """What a worker's heartbeat answers: stop taking runs, and hand over the rest now."""
+
+    draining: bool
+    hand_over_due: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedSandbox:
+    """A sandbox some run's placement still names, and the host that made it."""
+
+    run_id: str
+    status: RunStatus
+    owner: str | None
+    sandbox_host: str | None
+    awaiting_adoption: bool
+    provider: str | None
+    sandbox_id: str | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> PlacedSandbox:
+        values = dict(row)
+        values["status"] = RunStatus(values["status"])
+        return cls(**values)
 
 
 @dataclass(frozen=True, slots=True)

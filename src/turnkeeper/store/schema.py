@@ -89,6 +89,10 @@ runs = sa.Table(
     sa.Column("handed_over_at", _TS, nullable=True),
     # The tenant: the key that submitted the run (NULL: a trusted client on its own behalf).
     sa.Column("key_name", sa.Text, sa.ForeignKey("api_keys.name"), nullable=True),
+    # The host whose worker started the run's current agent process (the placement
+    # record's "host", copied by the statement that records it): where a host-local
+    # sandbox lives, so its takeover, reap and signals go to that host.
+    sa.Column("sandbox_host", sa.Text, nullable=True),
     sa.CheckConstraint(_one_of("status", RUN_STATUSES), name="status"),
     sa.CheckConstraint("max_attempts >= 1", name="max_attempts"),
     sa.CheckConstraint(
@@ -126,11 +130,32 @@ runs = sa.Table(
         "key_name",
         postgresql_where=sa.text("status IN ('queued', 'running')"),
     ),
+    sa.Index("ix_runs_sandbox_host", "sandbox_host"),
     sa.Index(
         "ix_runs_finished_at_unpruned",
         "finished_at",
         postgresql_where=sa.text("finished_at IS NOT NULL AND pruned_at IS NULL"),
     ),
+)
+
+# Worker processes and the host each runs on, with a heartbeat on the database clock:
+# a host is alive while one of its workers was seen within host_dead_after. Rows stay
+# after a worker stops (a restarting host must not look dead), pruned once old.
+workers = sa.Table(
+    "workers",
+    metadata,
+    sa.Column("worker_id", sa.Text, primary_key=True),
+    sa.Column("host_id", sa.Text, nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    # The Celery main process the worker process belongs to (what a drain signals).
+    sa.Column("main_pid", sa.Integer, nullable=False),
+    sa.Column("started_at", _TS, nullable=False, server_default=_NOW),
+    sa.Column("last_seen", _TS, nullable=False, server_default=_NOW),
+    # A drain: set when asked to stop taking runs, and the time after which the
+    # worker hands over the runs it still drives.
+    sa.Column("draining_at", _TS, nullable=True),
+    sa.Column("hand_over_at", _TS, nullable=True),
+    sa.Index("ix_workers_host_id_last_seen", "host_id", "last_seen"),
 )
 
 attempts = sa.Table(

@@ -1,7 +1,7 @@
 """The ``Store``: the primitives that decide who owns a run and how far its turns got.
 
 One class, assembled from one part per area (admission, ownership, turn slots and
-segments, transcript, maintenance, API keys) that share the pooled ``Database``.
+segments, transcript, maintenance, API keys, hosts) that share the pooled ``Database``.
 Every owner write is fenced by the attempt id in the statement itself; a refusal
 is a ``False`` or ``None``, never an exception. Database trouble becomes a
 ``StoreUnavailableError`` (retryable); any other driver failure a ``StoreError``.
@@ -12,6 +12,7 @@ from __future__ import annotations
 from turnkeeper.errors import InvalidInputError
 from turnkeeper.store.admission import AdmissionMixin
 from turnkeeper.store.database import Database
+from turnkeeper.store.hosts import HostsMixin
 from turnkeeper.store.keys import KeysMixin
 from turnkeeper.store.maintenance import MaintenanceMixin
 from turnkeeper.store.ownership import OwnershipMixin
@@ -20,7 +21,13 @@ from turnkeeper.store.turns import TurnsMixin
 
 
 class Store(
-    AdmissionMixin, OwnershipMixin, TurnsMixin, TranscriptMixin, MaintenanceMixin, KeysMixin
+    AdmissionMixin,
+    OwnershipMixin,
+    TurnsMixin,
+    TranscriptMixin,
+    MaintenanceMixin,
+    KeysMixin,
+    HostsMixin,
 ):
     """A pooled, thread-safe handle on the run store. Create one per process (after fork)."""
 

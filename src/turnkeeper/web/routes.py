@@ -29,6 +29,7 @@ from turnkeeper.errors import (
     SessionNotFoundError,
     TurnkeeperError,
 )
+from turnkeeper.hosts import fleet_view
 from turnkeeper.log.quota import STREAM_RENEW_SECONDS
 from turnkeeper.store.records import Run, check_id
 from turnkeeper.web import sse
@@ -331,6 +332,14 @@ def _add_service_routes(api: APIRouter) -> None:
         principal.require_admin("/metrics")
         body = generate_latest(_state(request).metrics.registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    @api.get("/fleet/hosts", tags=["service"])
+    def fleet_hosts(request: Request, principal: Caller) -> dict[str, Any]:
+        """The fleet's hosts, their worker processes and the sandboxes they hold (an
+        admin key's; the dashboard's fleet page reads it)."""
+        principal.require_admin("/fleet/hosts")
+        state = _state(request)
+        return {"hosts": fleet_view(state.client.store, state.settings)}
 
     @api.get("/openapi.json", tags=["service"], include_in_schema=False)
     def openapi(request: Request, _: Caller) -> JSONResponse:

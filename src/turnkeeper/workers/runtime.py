@@ -8,7 +8,6 @@ the parent; ``runtime_for`` notices a fork (a new pid) and builds afresh.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from turnkeeper.sandbox.factory import at_least_as_strong, provider_for
 from turnkeeper.sandbox.provider import SandboxProvider
 from turnkeeper.secret import ServerSecret
 from turnkeeper.store.store import Store
+from turnkeeper.workers.beacon import HostBeacon
 
 log = structlog.get_logger(__name__)
 
@@ -39,6 +39,21 @@ class WorkerRuntime:
     _providers: dict[str, SandboxProvider] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _sealer: EnvSealer | None = None
+    hand_over: threading.Event = field(default_factory=threading.Event)
+    """Set when this process must hand over the runs it drives (a drain, ``HostBeacon``)."""
+    _beacon: HostBeacon | None = None
+
+    def announce(self, main_pid: int) -> None:
+        """Start this worker process's host beacon (once): its host is alive from now on."""
+        with self._lock:
+            if self._beacon is None:
+                self._beacon = HostBeacon(
+                    self.store,
+                    self.settings,
+                    self.owner,
+                    main_pid=main_pid,
+                    hand_over=self.hand_over,
+                ).start()
 
     @classmethod
     def open(cls, settings: Settings) -> WorkerRuntime:
@@ -50,7 +65,7 @@ class WorkerRuntime:
             max_chunks=settings.log_max_chunks,
             source=StoredLog(store),
         )
-        owner = f"{socket.gethostname()}:{os.getpid()}"
+        owner = f"{settings.host_id}:{os.getpid()}"
         log.info("worker.runtime.opened", owner=owner)
         return cls(settings=settings, store=store, log=run_log, owner=owner)
 
@@ -99,6 +114,8 @@ class WorkerRuntime:
             return self._sealer
 
     def close(self) -> None:
+        if self._beacon is not None:
+            self._beacon.stop()
         self.store.close()
         self.log.client.close()
 
