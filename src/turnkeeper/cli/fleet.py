@@ -22,7 +22,8 @@ from turnkeeper.sandbox.egress import stop_proxies
 from turnkeeper.sandbox.readiness import check_provider
 from turnkeeper.secret import ServerSecret, make_undumpable
 from turnkeeper.tasks import control_queue, create_app, enqueuers, turns_queue
-from turnkeeper.workers.runtime import WorkerRuntime
+from turnkeeper.watcher import start_watcher
+from turnkeeper.workers.runtime import WorkerRuntime, runtime_for
 
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
@@ -72,6 +73,9 @@ def beat(ctx: typer.Context) -> None:
             "-s", str(resolved.data_dir / "beat-schedule"),
             "--loglevel", resolved.log_level,
         ]  # fmt: skip
+        # The crash watcher is a loop beside the control worker (the solo pool runs tasks
+        # in this process), not a task: see docs/architecture.md, "Crash detection".
+        start_watcher(resolved, runtime_for(resolved), enqueuers(app, resolved)["enqueue_takeover"])
         app.worker_main(["worker", "-B", *_celery_argv(defaults, list(ctx.args))])
 
 

@@ -25,7 +25,9 @@ from turnkeeper.log import RunLog
 from turnkeeper.sandbox.factory import at_least_as_strong, provider_for
 from turnkeeper.sandbox.provider import SandboxProvider
 from turnkeeper.secret import ServerSecret
+from turnkeeper.store.session import OwnerLockSession
 from turnkeeper.store.store import Store
+from turnkeeper.workers.owner_locks import OwnerLocks
 
 log = structlog.get_logger(__name__)
 
@@ -39,6 +41,7 @@ class WorkerRuntime:
     _providers: dict[str, SandboxProvider] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _sealer: EnvSealer | None = None
+    _owner_locks: OwnerLocks | None = None
 
     @classmethod
     def open(cls, settings: Settings) -> WorkerRuntime:
@@ -98,7 +101,24 @@ class WorkerRuntime:
                 self._sealer = EnvSealer(secret)
             return self._sealer
 
+    def owner_locks(self) -> OwnerLocks | None:
+        """This process's owner locks (one session for all its runs), None without crash
+        detection."""
+        if not self.settings.crash_detection:
+            return None
+        with self._lock:
+            if self._owner_locks is None:
+                session = OwnerLockSession(
+                    self.settings.require_database_url(),
+                    owner=self.owner,
+                    lease_ttl=self.settings.lease_ttl,
+                )
+                self._owner_locks = OwnerLocks(self.store, session)
+            return self._owner_locks
+
     def close(self) -> None:
+        if self._owner_locks is not None:
+            self._owner_locks.close()
         self.store.close()
         self.log.client.close()
 
