@@ -56,6 +56,7 @@ def test_submit_prints_only_the_run_id_and_tail_json_is_the_log(
         "error": None,
     }
     assert set(info) >= {"owner", "lease_expires_at"}
+    assert info["takeovers"] == {"crash": 0, "lease": 0}
 
     table = cli(fleet, "runs")
     assert "cli-1" in table.stdout

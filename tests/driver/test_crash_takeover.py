@@ -14,6 +14,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -244,7 +245,21 @@ def test_twenty_owners_killed_at_once_are_each_taken_over_once(
         proc.wait()
     threaded_worker()
     threaded_worker()
-    for run, before in zip(runs, owned, strict=True):
+    # The oracles, each the agent run directly: side by side, while the successors run.
+    with ThreadPoolExecutor(RUNS_AT_ONCE) as pool:
+        oracles = list(
+            pool.map(
+                lambda i: expected_log(
+                    runs[i].run_id,
+                    runs[i].session_id,
+                    LONG,
+                    f"{PROMPT} {i}",
+                    tmp_path / "oracle" / runs[i].run_id,
+                ),
+                range(RUNS_AT_ONCE),
+            )
+        )
+    for run, before, oracle in zip(runs, owned, oracles, strict=True):
         done = fleet.wait_settled(run.run_id, timeout=240)
         assert done.status is RunStatus.COMPLETED, (run.run_id, done.error, fleet.dump_logs())
         assert (done.epoch, done.attempt_count) == (2, 2), run.run_id
@@ -254,11 +269,4 @@ def test_twenty_owners_killed_at_once_are_each_taken_over_once(
         ], run.run_id
         assert before.lease_expires_at is not None
         assert handed_over_at(fleet, run.run_id, 1) < before.lease_expires_at
-        oracle = expected_log(
-            run.run_id,
-            run.session_id,
-            LONG,
-            f"{PROMPT} {runs.index(run)}",
-            tmp_path / "oracle" / run.run_id,
-        )
         assert [chunk for _, chunk in fleet.log_of(run.run_id)] == oracle, run.run_id
