@@ -76,9 +76,10 @@ class CrashWatcher:
             handed = self._session.hand_over_absent(absent)
             send_takeovers(self._rt, handed, enqueue_takeover=self._enqueue_takeover, cause="crash")
             gone = {claim.run_id for claim in handed}
-            # Not handed over and still free (a row lock skipped it, an exhausted run
-            # left to its lease): looked at again next sweep.
-            armed |= {o.run_id: o.attempt_id for o in absent if o.run_id not in gone}
+            # Not handed over: its owner took the lock back (it is armed again when the
+            # next sweep sees it held), or the run may not be taken over (out of
+            # attempts, cancelled: settled when its lease runs out), or another
+            # transaction held its row: left to its lease.
             for owner in absent:
                 if owner.run_id not in gone:
                     log.info("crash.refuted", run_id=owner.run_id, attempt_id=owner.attempt_id)

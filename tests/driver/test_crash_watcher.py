@@ -113,6 +113,7 @@ def test_a_dead_owner_is_handed_over_once_with_cause_crash(runtime: WorkerRuntim
     assert watcher.sweep() == []
     assert watcher.armed == {"crash-1": claim.attempt_id}
     owner.close()  # the process died: the server drops its session and its locks
+    _until_free(runtime, "crash-1")
     handed = watcher.sweep()
     assert [(c.run_id, c.epoch) for c in handed] == [("crash-1", 2)]
     assert sent.messages == [("crash-1", handed[0].attempt_id, 2)]
@@ -141,6 +142,7 @@ def test_a_lock_free_in_a_new_watcher_session_is_not_a_crash(runtime: WorkerRunt
     watcher = _watcher(runtime, sent)
     watcher.sweep()
     owner.close()
+    _until_free(runtime, "crash-2")
     _terminate(runtime, "turnkeeper-crash-watcher")  # the watcher's session ends too
     with pytest.raises(StoreUnavailableError):  # the sweep that finds it ended
         watcher.sweep()
@@ -162,6 +164,7 @@ def test_an_owner_that_takes_its_lock_back_before_the_handover_keeps_its_run(
     watcher = _watcher(runtime, sent)
     watcher.sweep()
     assert _terminate(runtime, "turnkeeper-locks test") == 1  # a blip: the owner lives
+    _until_free(runtime, "crash-3")
     watch = _closed_after(WatchSession(runtime.settings.require_database_url()))
     [seen] = watch.watched(10)
     assert not seen.held
@@ -187,6 +190,7 @@ def test_the_handover_is_a_compare_and_set_on_the_attempt(runtime: WorkerRuntime
     _locked(runtime, owner, claim)
     watch = _closed_after(WatchSession(runtime.settings.require_database_url()))
     owner.close()
+    _until_free(runtime, "crash-4")
     [seen] = watch.watched(100)
     assert (seen.run_id, seen.attempt_id, seen.held) == ("crash-4", claim.attempt_id, False)
     runtime.store.renew_lease(claim, 0.001)
@@ -255,6 +259,16 @@ def test_the_lease_handover_records_its_cause(runtime: WorkerRuntime) -> None:
     assert runtime.store.takeovers_of("lease-1") == {"lease": 1}
 
 
+def _until_free(rt: WorkerRuntime, run_id: str) -> None:
+    """Until the server released the run's owner lock (a session ends asynchronously
+    after its client closed it)."""
+    probe = WatchSession(rt.settings.require_database_url())
+    try:
+        _wait(lambda: [o.held for o in probe.watched(100) if o.run_id == run_id] == [False])
+    finally:
+        probe.close()
+
+
 def _sessions(rt: WorkerRuntime, application_name: str) -> list[int]:
     with psycopg.connect(rt.settings.require_database_url()) as conn:
         return [
@@ -273,3 +287,24 @@ def _wait(predicate: object, timeout: float = 30.0) -> None:
     while not predicate():  # type: ignore[operator]
         assert time.monotonic() < deadline, "never happened"
         time.sleep(0.01)
+
+
+def test_a_cancelled_run_of_a_dead_owner_is_left_to_its_lease(runtime: WorkerRuntime) -> None:
+    """Like the lease's handover, the crash handover leaves a cancelled run (or one out of
+    attempts, or past its deadline) to ``expire_exhausted``, which settles it."""
+    claim = _running(runtime, "cancelled-1")
+    owner = _owner_session(runtime)
+    _locked(runtime, owner, claim)
+    sent = Sent()
+    watcher = _watcher(runtime, sent)
+    watcher.sweep()
+    runtime.store.request_cancel("cancelled-1")
+    owner.close()
+    _until_free(runtime, "cancelled-1")
+    assert watcher.sweep() == []
+    assert watcher.sweep() == []  # not armed again: nothing more to look at
+    assert watcher.armed == {}
+    assert sent.messages == []
+    run = runtime.store.get_run("cancelled-1")
+    assert run is not None
+    assert (run.status.value, run.attempt_id) == ("running", claim.attempt_id)

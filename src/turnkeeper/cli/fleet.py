@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from celery.signals import worker_ready
 
 from turnkeeper import reconciler
 from turnkeeper.cli.context import console, fail, services, settings_from_env
@@ -74,8 +75,15 @@ def beat(ctx: typer.Context) -> None:
             "--loglevel", resolved.log_level,
         ]  # fmt: skip
         # The crash watcher is a loop beside the control worker (the solo pool runs tasks
-        # in this process), not a task: see docs/architecture.md, "Crash detection".
-        start_watcher(resolved, runtime_for(resolved), enqueuers(app, resolved)["enqueue_takeover"])
+        # in this process), not a task: see docs/architecture.md, "Crash detection". It
+        # starts once the worker is ready, after Celery forked the embedded beat, so that
+        # no other process shares its connection.
+        enqueue_takeover = enqueuers(app, resolved)["enqueue_takeover"]
+        worker_ready.connect(
+            lambda **_: start_watcher(resolved, runtime_for(resolved), enqueue_takeover),
+            weak=False,
+            dispatch_uid="turnkeeper-crash-watcher",
+        )
         app.worker_main(["worker", "-B", *_celery_argv(defaults, list(ctx.args))])
 
 

@@ -63,6 +63,7 @@ class OwnerLocks:
         self._wake_read.setblocking(False)
         self._wanted: dict[str, Claim] = {}
         self._held: set[str] = set()
+        self._held_now: frozenset[str] = frozenset()
         self._unmarked: set[str] = set()
         self._failures = 0
         self._retry_at: float | None = None
@@ -86,9 +87,9 @@ class OwnerLocks:
             self._request(None)
             self._thread.join(timeout=5)
 
-    def held(self) -> set[str]:
-        """The runs whose lock the session holds now (for tests and logs; a snapshot)."""
-        return set(self._held)
+    def held(self) -> frozenset[str]:
+        """The runs whose lock the session held when the thread last looked."""
+        return self._held_now
 
     def _request(self, request: _Hold | _Release | None) -> None:
         self._requests.put(request)
@@ -101,6 +102,7 @@ class OwnerLocks:
         try:
             while self._serve_requests():
                 self._keep()
+                self._held_now = frozenset(self._held)
                 self._wait()
         finally:
             self._session.close()
