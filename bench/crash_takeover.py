@@ -7,7 +7,9 @@ Three measurements, side by side in one run, on a scratch database:
    mid-stream and times, from the kill, the handover (the run's epoch moves on, as
    the client reads it) and the successor's first chunk (as a client reads the log).
    First with crash detection on (``--kills``, default 20), then off, the lease-only
-   path (``--lease-kills``, default 5: each one waits for the lease, ~30 s).
+   path (``--lease-kills``, default 5: each one waits for the lease, ~30 s). Three
+   workers, one slot each; a trial starts once the last one's run settled, so a slot
+   is free for its takeover.
 2. **The watcher's load**: statements per second of one crash watcher while nothing
    dies, with 0, 100 and 1,000 running runs whose owner locks are held (rows claimed
    in the store, their locks held by one owner session, marked). Counted by the
@@ -107,7 +109,9 @@ def takeovers(crash: bool, kills: int) -> tuple[list[float], list[float]]:
         tempfile.TemporaryDirectory() as tmp,
         bench_fleet(Path(tmp), crash_detection=crash) as fleet,
     ):
-        workers = [fleet.worker(), fleet.worker()]
+        # Three workers: when one is killed, a second may still be restarting after the
+        # last trial, and the third has a free slot for the takeover.
+        workers = [fleet.worker(), fleet.worker(), fleet.worker()]
         fleet.beat()
         client = Client.from_settings(fleet.settings)
         url = fleet.settings.require_database_url()
@@ -143,6 +147,10 @@ def takeovers(crash: bool, kills: int) -> tuple[list[float], list[float]]:
             )
             client.cancel(run.run_id)
             _replace(fleet, workers, pgid)
+            # The successor notices the cancel at its next heartbeat (10 s): until then
+            # its slot is busy, so the next trial waits for it.
+            while not client.require(run.run_id).status.is_terminal:
+                time.sleep(0.05)
         client.close()
     return handed, first
 
