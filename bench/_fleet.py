@@ -33,17 +33,26 @@ QUIET = ["--without-mingle", "--without-gossip", "--without-heartbeat", "--logle
 class BenchFleet:
     settings: Settings
     env: dict[str, str]
+    logs: Path | None = None
+    """Where each process writes its output (``<command>-<n>.log``); None discards it."""
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
+    log_files: dict[int, Path] = field(default_factory=dict)
+    """Each started process's output file, by pid (when ``logs`` is set)."""
+
     def start(self, *args: str) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "turnkeeper", *args],
-            env=self.env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        log = None if self.logs is None else self.logs / f"{args[0]}-{len(self.procs) + 1}.log"
+        with (log or Path(os.devnull)).open("ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "turnkeeper", *args],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.procs.append(proc)
+        if log is not None:
+            self.log_files[proc.pid] = log
         return proc
 
     def worker(self, concurrency: int = 1) -> subprocess.Popen[bytes]:
@@ -55,7 +64,11 @@ class BenchFleet:
     def stop(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+                try:  # a frozen process dies of SIGKILL too, but wakes to be reaped
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    os.killpg(proc.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
                 proc.wait()
         self.procs.clear()
 

@@ -67,11 +67,11 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo, for tests.*
 
-from tests.driver.fleet import FAST, _kill_agents
+from tests.driver.fleet import CELERY_QUIET, FAST, _kill_agents
 from tests.sandboxes import release_sandboxes
 from tests.sshd import Sshd, sshd_unavailable
 
-from _fleet import bench_fleet
+from _fleet import BenchFleet, bench_fleet
 from turnkeeper.agents.spec import AgentSpec
 from turnkeeper.agents.translator import translator_for
 from turnkeeper.chunks import Chunk
@@ -86,7 +86,6 @@ from turnkeeper.logconfig import configure_logging
 from turnkeeper.store.records import Run, RunStatus
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
-QUIET = ["--without-mingle", "--without-gossip", "--without-heartbeat"]
 LEASE_TTL = 3.0
 TIMING = {"lease_ttl": LEASE_TTL, "heartbeat_interval": 1.0, "reconcile_interval": 1.0}
 """The issue's busy-fleet timing: tighter leases turn CPU starvation on a shared
@@ -170,42 +169,9 @@ class Worker:
         return self.ready
 
 
-@dataclass
-class Processes:
-    env: dict[str, str]
-    logs: Path
-    started: int = 0
-    all: list[subprocess.Popen[bytes]] = field(default_factory=list)
-
-    def start(self, *args: str) -> subprocess.Popen[bytes]:
-        self.started += 1
-        with self.log_of(self.started, args[0]).open("ab") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "turnkeeper", *args],
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.all.append(proc)
-        return proc
-
-    def log_of(self, index: int, name: str) -> Path:
-        return self.logs / f"{name}-{index}.log"
-
-    def worker(self) -> Worker:
-        proc = self.start("worker", "-c", str(WORKER_CONCURRENCY), *QUIET)
-        return Worker(proc, self.log_of(self.started, "worker"))
-
-    def stop(self) -> None:
-        for proc in self.all:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGCONT)
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait()
+def start_worker(fleet: BenchFleet) -> Worker:
+    proc = fleet.start("worker", "-c", str(WORKER_CONCURRENCY), *CELERY_QUIET)
+    return Worker(proc, fleet.log_files[proc.pid])
 
 
 # --- runs and their oracle ------------------------------------------------------------
@@ -373,16 +339,16 @@ class Soak:
         """Workers that are up and running."""
         return [w for w in self.started() if w.stopped_until is None]
 
-    def replace_exited(self, processes: Processes) -> None:
+    def replace_exited(self, fleet: BenchFleet) -> None:
         """A worker that exited by itself (it refuses to start while its ssh host is
         unreachable) is started again."""
         for index, worker in enumerate(self.workers):
             if worker.proc.poll() is not None:
                 self.note("worker-exited", pid=worker.proc.pid, code=worker.proc.returncode)
                 self.tally.events["worker-exited-by-itself"] += 1
-                self.workers[index] = processes.worker()
+                self.workers[index] = start_worker(fleet)
 
-    def kill_worker(self, processes: Processes) -> bool:
+    def kill_worker(self, fleet: BenchFleet) -> bool:
         """SIGKILL a started worker, a frozen one too (a zombie that never wakes)."""
         up = self.started()
         if not up:
@@ -398,7 +364,7 @@ class Soak:
         except ProcessLookupError:
             pass
         victim.proc.wait()
-        self.workers[index] = processes.worker()
+        self.workers[index] = start_worker(fleet)
         self.tally.events["worker-sigkill"] += 1
         return True
 
@@ -508,12 +474,12 @@ class Soak:
             logs.mkdir()
             fleet.env["TURNKEEPER_LOG_LEVEL"] = "INFO"
             fleet.env["TURNKEEPER_LOG_FORMAT"] = "json"
-            processes = Processes(fleet.env, logs)
+            fleet.logs = logs
             self.client = Client.from_settings(fleet.settings)
             try:
-                return self.drive(processes, fleet.settings.require_database_url())
+                return self.drive(fleet, fleet.settings.require_database_url())
             finally:
-                processes.stop()
+                fleet.stop()
                 self.client.close()
                 _kill_agents(fleet.settings.sandboxes_dir)
                 if self.sshd is not None:
@@ -527,10 +493,10 @@ class Soak:
                     broker.delete(key)
                 broker.close()
 
-    def drive(self, processes: Processes, database_url: str) -> dict[str, Any]:
+    def drive(self, fleet: BenchFleet, database_url: str) -> dict[str, Any]:
         args = self.args
-        self.workers = [processes.worker() for _ in range(args.workers)]
-        processes.start("beat", *QUIET)
+        self.workers = [start_worker(fleet) for _ in range(args.workers)]
+        fleet.beat()
         started = time.monotonic()
         end = started + args.minutes * 60
         rng = self.rng
@@ -549,7 +515,7 @@ class Soak:
                 while len(self.unsettled) < args.runs_in_flight:
                     self.submit()
                 self.plan["refresh"] = now + 1.0
-            self.chaos_step(now, processes, database_url)
+            self.chaos_step(now, fleet, database_url)
             if now >= self.plan["progress"]:
                 self.progress(now - started)
                 self.plan["progress"] = now + 10.0
@@ -566,14 +532,14 @@ class Soak:
             self.refresh()
         return self.check(chaos_seconds)
 
-    def chaos_step(self, now: float, processes: Processes, database_url: str) -> None:
+    def chaos_step(self, now: float, fleet: BenchFleet, database_url: str) -> None:
         """Whatever failure is due now: a worker every 0.4 to 2.0 s (about a sixth of them
         SIGKILLs), Postgres every 5 to 15 s, Redis every 40 to 80 s, ssh every 20 to 40 s."""
         rng, plan = self.rng, self.plan
-        self.replace_exited(processes)
+        self.replace_exited(fleet)
         if now >= plan["worker"]:
             if rng.random() < KILL_SHARE and len(self.started()) >= MIN_UP_FOR_A_KILL:
-                done = self.kill_worker(processes)
+                done = self.kill_worker(fleet)
             else:
                 done = self.stop_worker(now)
             # none up to hit: try again soon, so the rate holds while workers start

@@ -300,8 +300,9 @@ class Settings(BaseSettings):
     embedded_postgres_port: int = Field(default=0, ge=0, le=65535)
     embedded_redis_port: int = Field(default=0, ge=0, le=65535)
 
-    # Testing only: named points where a worker stops, to be killed there (see failpoints).
-    failpoints: str = Field(default="", pattern=r"^[a-z0-9,-]*$")
+    # Testing only: named points where a worker stops, to be killed there, or fails
+    # (``point=mode``; see workers/failpoints.py).
+    failpoints: str = Field(default="", pattern=r"^[a-z0-9,=-]*$")
 
     # Logging.
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

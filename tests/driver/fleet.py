@@ -173,6 +173,21 @@ class Fleet:
     def log_of(self, run_id: str) -> list[tuple[int, Chunk]]:
         return self.client.log.snapshot(run_id)
 
+    def wait_chunks(self, run_id: str, count: int, timeout: float = 120.0) -> None:
+        """Until the run's log holds at least ``count`` chunks (a hang guard)."""
+        deadline = time.monotonic() + timeout
+        while len(self.log_of(run_id)) < count:
+            assert time.monotonic() < deadline, f"{run_id}: fewer than {count} chunks\n" + (
+                self.dump_logs()
+            )
+            time.sleep(0.02)
+
+    def start_pair(self) -> None:
+        """Two one-slot workers and a beat: an owner, a successor and a reconciler."""
+        self.start_worker()
+        self.start_worker()
+        self.start_beat()
+
 
 def _kill_agents(root: Path) -> None:
     """Agents live in sessions of their own: end any left under the test's sandboxes."""

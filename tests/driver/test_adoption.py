@@ -72,9 +72,7 @@ def test_a_takeover_waits_for_a_slot_on_a_saturated_fleet(
     then completes; it used exactly one attempt per adoption."""
     fleet = Fleet.create(settings, tmp_path / "logs", lease_ttl=3.0)
     try:
-        fleet.start_worker()
-        fleet.start_worker()
-        fleet.start_beat()
+        fleet.start_pair()
         fleet.wait_ready()
         victim = fleet.client.submit(AGENT, PROMPT)
         busy = fleet.client.submit(LONG, PROMPT)

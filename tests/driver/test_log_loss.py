@@ -51,8 +51,7 @@ def test_a_log_lost_mid_run_and_after_settle_reads_back_identical(
 ) -> None:
     fleet.start_worker()
     run = fleet.client.submit(AGENT, PROMPT)
-    while len(fleet.log_of(run.run_id)) < 8:
-        time.sleep(0.02)
+    fleet.wait_chunks(run.run_id, 8)
     followed: list[tuple[int, Chunk]] = []
     follower = threading.Thread(target=lambda: followed.extend(fleet.client.events(run.run_id)))
     follower.start()  # parked on the log when it is lost: it reads on from its cursor
@@ -82,12 +81,9 @@ def test_a_log_lost_mid_run_and_after_settle_reads_back_identical(
 
 
 def test_a_zombie_after_the_loss_is_refused(fleet: Fleet, tmp_path: Path) -> None:
-    fleet.start_worker()
-    fleet.start_worker()
-    fleet.start_beat()
+    fleet.start_pair()
     run = fleet.client.submit(AGENT, PROMPT)
-    while len(fleet.log_of(run.run_id)) < 8:
-        time.sleep(0.02)
+    fleet.wait_chunks(run.run_id, 8)
     frozen = fleet.client.require(run.run_id)
     pgid = fleet.signal_worker_of(frozen, signal.SIGSTOP)
     try:
@@ -124,9 +120,7 @@ def test_a_sentinel_stored_with_the_sandbox_gone_finishes_from_the_segments(
     not run again, and the nonce reaches no client."""
     fleet = Fleet.create(settings, tmp_path / "logs", failpoints="sentinel-stored")
     try:
-        fleet.start_worker()
-        fleet.start_worker()
-        fleet.start_beat()
+        fleet.start_pair()
         run = fleet.client.submit(AGENT, PROMPT)
         reached = marker(fleet.settings, "sentinel-stored")
         while not reached.exists():
@@ -158,9 +152,7 @@ def test_a_sentinel_stored_with_the_sandbox_gone_finishes_from_the_segments(
 def test_a_trimmed_log_is_taken_over(settings: Any, tmp_path: Path, max_chunks: int) -> None:
     fleet = Fleet.create(settings, tmp_path / "logs", log_max_chunks=max_chunks)
     try:
-        fleet.start_worker()
-        fleet.start_worker()
-        fleet.start_beat()
+        fleet.start_pair()
         run = fleet.client.submit(AGENT, PROMPT)
         while fleet.client.log.state(run.run_id).first_seq < 5:  # trimmed past seq 4
             time.sleep(0.02)
@@ -181,12 +173,9 @@ def test_a_trimmed_log_is_taken_over(settings: Any, tmp_path: Path, max_chunks: 
 def test_a_stored_custom_chunk_the_replay_does_not_make_is_a_divergence(fleet: Fleet) -> None:
     """A CUSTOM chunk in the log that the journal does not produce (here spliced in
     while the owner was frozen) is no longer skipped: the takeover refuses it."""
-    fleet.start_worker()
-    fleet.start_worker()
-    fleet.start_beat()
+    fleet.start_pair()
     run = fleet.client.submit(AGENT, PROMPT)
-    while len(fleet.log_of(run.run_id)) < 8:
-        time.sleep(0.02)
+    fleet.wait_chunks(run.run_id, 8)
     owned = fleet.client.require(run.run_id)
     pgid = fleet.signal_worker_of(owned, signal.SIGSTOP)
     stored = [chunk for _, chunk in fleet.log_of(run.run_id)]

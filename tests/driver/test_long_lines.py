@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +127,7 @@ def test_a_takeover_mid_line_replays_the_same_pieces(fleet: Fleet) -> None:
     fleet.start_beat()
     run = fleet.client.submit(_agent(wait=True), "p")
     # Clients have seen the first three pieces of the line: the agent waits mid-line.
-    while len(fleet.log_of(run.run_id)) < 6:
-        time.sleep(0.05)
+    fleet.wait_chunks(run.run_id, 6)
     owned = fleet.client.require(run.run_id)
     assert [c["type"] for _, c in fleet.log_of(run.run_id)] == [
         "RUN_STARTED",

@@ -1,10 +1,20 @@
-"""A worker SIGKILLed between creating a journal and starting its writer: the journal
-exists and no writer ever ran. The successor disarms it, finds no lock file, and starts
-the agent afresh in the next journal: the agent runs once, the log is the crash-free
-one element by element, no interruption mark, no continuation counted."""
+"""A journal that exists and in which no writer ever ran, reached each of the three ways
+(docs/architecture.md, "Journals that never started"):
+
+- a worker SIGKILLed between creating the journal and starting its writer: the successor
+  attaches to it (``after-prepare``);
+- the spawn's reply lost after the journal was made: the retried spawn finds it made
+  (``after-prepare=unreachable``);
+- the writer's start lost: the first read stalls and no writer is alive
+  (``after-prepare=lost``).
+
+Each time the journal is disarmed, found lock-less, and the agent starts afresh in the
+next journal: the agent runs once, the log is the crash-free one element by element, no
+interruption mark, no continuation counted."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -12,14 +22,17 @@ from typing import Any
 
 import psycopg
 import pytest
+from pydantic import ValidationError
 
 from tests.driver.fleet import Fleet, expected_log
+from turnkeeper.config import Settings
 from turnkeeper.driver.placement import NEVER_STARTED, PlacedJournal, Placement, process_index
 from turnkeeper.driver.replay import stored_chunks
+from turnkeeper.errors import SandboxUnreachableError
 from turnkeeper.sandbox import JournalHandle, JournalPaths, SandboxRef
 from turnkeeper.sandbox.journal import new_nonce
-from turnkeeper.store.records import RunStatus
-from turnkeeper.workers.failpoints import marker
+from turnkeeper.store.records import Run, RunStatus
+from turnkeeper.workers.failpoints import failpoint, marker
 
 SCRIPTED: dict[str, Any] = {"preset": "scripted", "turns": 2, "pace": 0.05, "seed": 5}
 # Cannot continue; prints how often it ran in this workspace, so a second run shows.
@@ -34,11 +47,10 @@ PROMPT = "start me once"
 def test_sigkill_between_prepare_and_start(
     settings: Any, database_url: str, tmp_path: Path, agent: dict[str, Any]
 ) -> None:
+    """Path (a): the successor's ATTACH finds the journal never started."""
     fleet = Fleet.create(settings, tmp_path / "logs", failpoints="after-prepare")
     try:
-        fleet.start_worker()
-        fleet.start_worker()
-        fleet.start_beat()
+        fleet.start_pair()
         run = fleet.client.submit(agent, PROMPT)
         reached = marker(fleet.settings, "after-prepare")
         while not reached.exists():
@@ -48,26 +60,127 @@ def test_sigkill_between_prepare_and_start(
         done = fleet.wait_settled(run.run_id)
         assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
         assert (done.epoch, done.attempt_count) == (2, 2)
-
-        oracle = expected_log(run.run_id, run.session_id, agent, PROMPT, tmp_path / "oracle")
-        stored = fleet.log_of(run.run_id)
-        assert [seq for seq, _ in stored] == list(range(1, len(stored) + 1))
-        assert [chunk for _, chunk in stored] == oracle
-        assert list(stored_chunks(fleet.client.store, done)) == oracle
-
-        journals = Placement.of(done).journals
-        assert [(j.handle.paths.process, j.lost) for j in journals] == [
-            (1, NEVER_STARTED),
-            (2, None),
-        ]
-        assert Placement.of(done).continuations == 0
-        with psycopg.connect(database_url) as conn:
-            keys = conn.execute(
-                "SELECT DISTINCT journal_key FROM segments WHERE run_id = %s", (run.run_id,)
-            ).fetchall()
-        assert keys == [(journals[1].journal_key,)], "one agent process wrote, the second"
+        assert_started_once(fleet, done, agent, tmp_path / "oracle", database_url)
     finally:
         fleet.stop()
+
+
+@pytest.mark.parametrize("agent", [SCRIPTED, COMMAND], ids=["scripted", "command"])
+def test_spawn_reply_lost_after_prepare(
+    settings: Any, database_url: str, tmp_path: Path, agent: dict[str, Any]
+) -> None:
+    """Path (b): the spawn made the journal, its reply was lost before the writer's start;
+    the sandbox retry spawns again, finds the journal made (``journal.already_started``),
+    and the same attempt finds it never started. Without that check the stall check of
+    path (c) would still restart the agent, a stall timeout later, with the same log and
+    placement: only the worker's events tell the two paths apart."""
+    fleet = Fleet.create(settings, tmp_path / "logs", failpoints="after-prepare=unreachable")
+    try:
+        fleet.start_worker()
+        fleet.start_beat()
+        run = fleet.client.submit(agent, PROMPT)
+        done = fleet.wait_settled(run.run_id)
+        assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
+        assert (done.epoch, done.attempt_count) == (1, 1)
+        assert path_events(fleet, run.run_id) == [
+            "failpoint.reached",
+            "journal.already_started",
+            "journal.never_started",  # the attempt's decision
+            "journal.never_started",  # recorded with the next journal
+            "journal.spawned",
+        ], fleet.dump_logs()
+        assert_started_once(fleet, done, agent, tmp_path / "oracle", database_url)
+    finally:
+        fleet.stop()
+
+
+@pytest.mark.parametrize("agent", [SCRIPTED, COMMAND], ids=["scripted", "command"])
+def test_writer_start_lost(
+    settings: Any, database_url: str, tmp_path: Path, agent: dict[str, Any]
+) -> None:
+    """Path (c): the writer's start never reached the sandbox; the first read delivers no
+    byte within the stall timeout, no writer is alive (``journal-stalled``), and the give-up
+    finds the journal never started instead of giving a process up."""
+    fleet = Fleet.create(
+        settings, tmp_path / "logs", failpoints="after-prepare=lost", journal_stall_timeout=3.0
+    )
+    try:
+        fleet.start_worker()
+        fleet.start_beat()
+        run = fleet.client.submit(agent, PROMPT)
+        done = fleet.wait_settled(run.run_id)
+        assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
+        assert (done.epoch, done.attempt_count) == (1, 1)
+        assert path_events(fleet, run.run_id) == [
+            "failpoint.reached",
+            "journal.start_skipped",
+            "journal.lost",  # journal-stalled
+            "journal.never_started",
+            "journal.never_started",
+            "journal.spawned",
+        ], fleet.dump_logs()
+        assert [e["reason"] for e in events_of(fleet, run.run_id, "journal.lost")] == [
+            "journal-stalled"
+        ]
+        assert_started_once(fleet, done, agent, tmp_path / "oracle", database_url)
+    finally:
+        fleet.stop()
+
+
+def assert_started_once(
+    fleet: Fleet, done: Run, agent: dict[str, Any], workdir: Path, database_url: str
+) -> None:
+    """The agent ran once, in the second journal; the log is the crash-free one, from the
+    log and from Postgres alone; the first journal is no process."""
+    oracle = expected_log(done.run_id, done.session_id, agent, PROMPT, workdir)
+    stored = fleet.log_of(done.run_id)
+    assert [seq for seq, _ in stored] == list(range(1, len(stored) + 1))
+    assert [chunk for _, chunk in stored] == oracle
+    assert list(stored_chunks(fleet.client.store, done)) == oracle
+
+    journals = Placement.of(done).journals
+    assert [(j.handle.paths.process, j.lost) for j in journals] == [
+        (1, NEVER_STARTED),
+        (2, None),
+    ]
+    assert Placement.of(done).continuations == 0
+    with psycopg.connect(database_url) as conn:
+        keys = conn.execute(
+            "SELECT DISTINCT journal_key FROM segments WHERE run_id = %s", (done.run_id,)
+        ).fetchall()
+    assert keys == [(journals[1].journal_key,)], "one agent process wrote, the second"
+
+
+PATH_EVENTS = {
+    "failpoint.reached",
+    "journal.start_skipped",
+    "journal.spawned",
+    "journal.already_started",
+    "journal.lost",
+    "journal.never_started",
+}
+
+
+def events_of(fleet: Fleet, run_id: str, *names: str) -> list[dict[str, Any]]:
+    """The structured log lines about ``run_id`` named ``names``, in the order each
+    process wrote them (the tests that read an order run one worker)."""
+    found = []
+    for path in sorted(fleet.logs.glob("worker-*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if not line.startswith("{"):
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("event") in names and record.get("run_id") == run_id:
+                found.append(record)
+    return found
+
+
+def path_events(fleet: Fleet, run_id: str) -> list[str]:
+    """The run's journal events: which way it reached the journal that never started."""
+    return [record["event"] for record in events_of(fleet, run_id, *PATH_EVENTS)]
 
 
 def _journal(process: int, lost: str | None) -> PlacedJournal:
@@ -88,3 +201,43 @@ def test_a_journal_that_never_started_is_no_process() -> None:
     assert [j.given_up for j in journals] == [False, True, False, False]
     assert [process_index(journals, i) for i in range(4)] == [0, 0, 1, 1]
     assert placement.continuations == 1
+
+
+# --- the failpoint modes these tests use, each firing once per data directory ---------
+
+
+def _settings(tmp_path: Path, failpoints: str) -> Settings:
+    return Settings(data_dir=tmp_path, failpoints=failpoints)
+
+
+def test_a_failpoint_unset_or_unlisted_never_fires(tmp_path: Path) -> None:
+    assert failpoint(_settings(tmp_path, ""), "after-prepare", "run-1") is False
+    listed = _settings(tmp_path, "before-spawn,sentinel-stored=lost")
+    assert failpoint(listed, "after-prepare", "run-1") is False
+    assert failpoint(listed, "sentinel", "run-1") is False  # a prefix is no match
+    assert not (tmp_path / "failpoints").exists()
+
+
+def test_failpoint_lost_answers_true_once(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, "before-spawn,after-prepare=lost")
+    assert [failpoint(settings, "after-prepare", "run-1") for _ in range(3)] == [
+        True,
+        False,
+        False,
+    ]
+    assert marker(settings, "after-prepare").read_text().split()[1] == "run-1"
+
+
+def test_failpoint_unreachable_raises_once(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, "after-prepare=unreachable")
+    with pytest.raises(SandboxUnreachableError) as raised:
+        failpoint(settings, "after-prepare", "run-1")
+    assert (raised.value.run_id, raised.value.reason) == ("run-1", "failpoint")
+    assert failpoint(settings, "after-prepare", "run-1") is False
+
+
+def test_an_unknown_failpoint_mode_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown mode 'late'"):
+        failpoint(_settings(tmp_path, "after-prepare=late"), "after-prepare", "run-1")
+    with pytest.raises(ValidationError):
+        _settings(tmp_path, "after-prepare=Lost")

@@ -223,8 +223,7 @@ def test_cancel_stops_a_running_agent_within_a_heartbeat(fleet: Fleet, tmp_path:
     fleet.start_beat()
     slow = {**AGENT, "turns": 6, "pace": 0.2}
     run = fleet.client.submit(slow, PROMPT)
-    while len(fleet.log_of(run.run_id)) < 5:
-        time.sleep(0.02)
+    fleet.wait_chunks(run.run_id, 5)
     fleet.client.cancel(run.run_id)
     done = fleet.wait_settled(run.run_id)
     assert done.status is RunStatus.ABORTED

@@ -119,9 +119,7 @@ def _assert_every_call_answered_once(chunks: list[Chunk]) -> None:
 def test_a_continuable_agent_goes_on_after_its_sandbox_is_lost(
     fleet: Fleet, tmp_path: Path, worker_dies_too: bool
 ) -> None:
-    fleet.start_worker()
-    fleet.start_worker()
-    fleet.start_beat()
+    fleet.start_pair()
     run = fleet.client.submit(AGENT, PROMPT)
     owned = _wait_for_chunks(fleet, run.run_id, 10)
     if worker_dies_too:
@@ -144,9 +142,7 @@ def test_a_continuable_agent_goes_on_after_its_sandbox_is_lost(
 
 
 def test_an_agent_that_cannot_continue_fails_with_the_reason(fleet: Fleet, tmp_path: Path) -> None:
-    fleet.start_worker()
-    fleet.start_worker()
-    fleet.start_beat()
+    fleet.start_pair()
     run = fleet.client.submit(TEXT_AGENT, "")
     owned = _wait_for_chunks(fleet, run.run_id, 5)
     fleet.signal_worker_of(owned, signal.SIGKILL)

@@ -45,8 +45,7 @@ def test_the_ssh_link_dropped_for_five_seconds_mid_run(
         fleet.start_worker()
         fleet.start_beat()
         run = fleet.client.submit(AGENT, PROMPT)
-        while len(fleet.log_of(run.run_id)) < 6:
-            time.sleep(0.02)
+        fleet.wait_chunks(run.run_id, 6)
         assert sshd.cut(with_commands=True) >= 1, "the worker's connections were cut"
         time.sleep(5.0)
         sshd.start()

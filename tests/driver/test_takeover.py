@@ -96,9 +96,7 @@ def test_sigkill_at_a_failpoint(
 ) -> None:
     fleet = Fleet.create(settings, tmp_path / "logs", failpoints=point)
     try:
-        fleet.start_worker()
-        fleet.start_worker()
-        fleet.start_beat()
+        fleet.start_pair()
         run = fleet.client.submit(AGENT, PROMPT)
         reached = marker(fleet.settings, point)
         while not reached.exists():
@@ -110,19 +108,14 @@ def test_sigkill_at_a_failpoint(
 
 
 def test_sigkill_mid_stream(fleet: Fleet, database_url: str, tmp_path: Path) -> None:
-    fleet.start_worker()
-    fleet.start_worker()
-    fleet.start_beat()
+    fleet.start_pair()
     run = fleet.client.submit(AGENT, PROMPT)
-    while len(fleet.log_of(run.run_id)) < 8:
-        time.sleep(0.02)
+    fleet.wait_chunks(run.run_id, 8)
     _kill_and_finish(fleet, fleet.client.require(run.run_id), database_url, tmp_path)
 
 
 def test_sigkill_during_a_tool_call(fleet: Fleet, database_url: str, tmp_path: Path) -> None:
-    fleet.start_worker()
-    fleet.start_worker()
-    fleet.start_beat()
+    fleet.start_pair()
     run = fleet.client.submit(AGENT, PROMPT)
     store = fleet.client.store
     while True:

@@ -27,12 +27,9 @@ def _stopped_events(fleet: Fleet, attempt_id: str) -> list[dict[str, object]]:
 def test_a_zombie_owner_is_refused_everywhere(
     fleet: Fleet, database_url: str, tmp_path: Path
 ) -> None:
-    fleet.start_worker()
-    fleet.start_worker()
-    fleet.start_beat()
+    fleet.start_pair()
     run = fleet.client.submit(AGENT, PROMPT)
-    while len(fleet.log_of(run.run_id)) < 8:
-        time.sleep(0.02)
+    fleet.wait_chunks(run.run_id, 8)
     frozen = fleet.client.require(run.run_id)
     pgid = fleet.signal_worker_of(frozen, signal.SIGSTOP)
     try:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -58,7 +58,9 @@ from turnkeeper.sandbox import AgentCommand, JournalReader, Sandbox, SandboxSpec
 from turnkeeper.store.records import Claim, Run, RunStatus, Verdict
 from turnkeeper.workers.failpoints import failpoint
 from turnkeeper.workers.lease import LeaseKeeper
-from turnkeeper.workers.runtime import WorkerRuntime
+
+if TYPE_CHECKING:  # the runtime builds on the driver's stored log
+    from turnkeeper.workers.runtime import WorkerRuntime
 
 log = structlog.get_logger(__name__)
 

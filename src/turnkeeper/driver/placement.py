@@ -259,7 +259,7 @@ class Placer:
         command: AgentCommand,
         prompt: bytes,
         *,
-        after_prepare: Callable[[], None] | None = None,
+        after_prepare: Callable[[], bool] | None = None,
     ) -> bool:
         """Start the journal's agent process; False when its journal was made before
         (a retry whose first try's reply was lost, or a predecessor's)."""

@@ -39,17 +39,32 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 
-def retry_policy(budget: float) -> Retrying:
+def _policy(
+    retry: Any, budget: float, *, multiplier: float, max_wait: float, event: str
+) -> Retrying:
+    """Retry what ``retry`` accepts with jittered exponential backoff for ``budget``
+    seconds, logging ``event`` before each sleep; the last error is raised at the end."""
     return Retrying(
-        retry=retry_if_exception_type(ServiceError),
+        retry=retry,
         stop=stop_after_delay(budget),
-        wait=wait_exponential_jitter(multiplier=0.05, max=2.0),
+        wait=wait_exponential_jitter(multiplier=multiplier, max=max_wait),
         reraise=True,
         before_sleep=lambda state: log.warning(
-            "service.retrying",
+            event,
             attempt=state.attempt_number,
             error=str(state.outcome.exception()) if state.outcome else None,
         ),
+    )
+
+
+def retry_policy(budget: float) -> Retrying:
+    """Retry service errors of the store and the log for ``budget`` seconds."""
+    return _policy(
+        retry_if_exception_type(ServiceError),
+        budget,
+        multiplier=0.05,
+        max_wait=2.0,
+        event="service.retrying",
     )
 
 
@@ -65,18 +80,13 @@ def is_transport_error(error: BaseException) -> bool:
 
 
 def sandbox_retry_policy(budget: float = SANDBOX_RETRY_BUDGET) -> Retrying:
-    """Retry sandbox transport failures with backoff for ``budget`` seconds; the last
-    error is raised when the budget is spent."""
-    return Retrying(
-        retry=retry_if_exception(is_transport_error),
-        stop=stop_after_delay(budget),
-        wait=wait_exponential_jitter(multiplier=0.2, max=3.0),
-        reraise=True,
-        before_sleep=lambda state: log.warning(
-            "sandbox.retrying",
-            attempt=state.attempt_number,
-            error=str(state.outcome.exception()) if state.outcome else None,
-        ),
+    """Retry sandbox transport failures for ``budget`` seconds."""
+    return _policy(
+        retry_if_exception(is_transport_error),
+        budget,
+        multiplier=0.2,
+        max_wait=3.0,
+        event="sandbox.retrying",
     )
 
 

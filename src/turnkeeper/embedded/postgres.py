@@ -161,9 +161,11 @@ class EmbeddedPostgres:
             raise EmbeddedStackError(f"embedded PostgreSQL {what} failed: {exc}") from exc
         if result.returncode != 0:
             detail = (result.stderr or result.stdout).strip().splitlines()
+            # The first error is the cause; initdb's last line is often its clean-up.
+            errors = [line for line in detail if "error" in line.lower()] or detail[-1:]
             tail = self._log_tail()
             raise EmbeddedStackError(
-                f"embedded PostgreSQL {what} failed: {detail[-1] if detail else 'no output'}"
+                f"embedded PostgreSQL {what} failed: {errors[0] if errors else 'no output'}"
                 + (f"; server log: {tail}" if tail else ""),
                 reason=f"postgres-{what}",
             )

@@ -12,32 +12,26 @@ sentinel is written. A root worker gives every sandbox a uid of its own from
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from turnkeeper.errors import SandboxError
 from turnkeeper.sandbox.cgroup import CgroupTree, Limits
-from turnkeeper.sandbox.command import AgentCommand, AgentLaunch, agent_script
+from turnkeeper.sandbox.command import AgentCommand, AgentLaunch
 from turnkeeper.sandbox.jail import (
-    PROMPT_FD,
-    PROMPT_PATH,
-    WORKSPACE,
+    GROUP_FILE,
+    PASSWD_FILE,
     Egress,
-    Jail,
     identity_files,
-    jail_argv,
-    read_only_binds,
+    jailed_launch,
 )
 from turnkeeper.sandbox.journal import LAUNCH_FAILED_EXIT, JournalPaths
 from turnkeeper.sandbox.local import LocalProvider, ProcessSandbox, SandboxState
-from turnkeeper.sandbox.provider import Capabilities, SandboxRef, base_environment
+from turnkeeper.sandbox.provider import Capabilities, SandboxRef
 from turnkeeper.sandbox.uids import UidPool
 
 BWRAP = "bwrap"
-PASSWD_FILE = "passwd"  # noqa: S105 - the jail's /etc/passwd, no password in it
-GROUP_FILE = "group"
 
 
 def bwrap_binary() -> str | None:
@@ -74,22 +68,21 @@ class BwrapSandbox(ProcessSandbox):
         return self.ref.root  # the workspace belongs to the agent's uid
 
     def launch(self, paths: JournalPaths, command: AgentCommand | str) -> AgentLaunch:
-        preset = command.read_only if isinstance(command, AgentCommand) else ()
-        jail = Jail(
-            workspace=self.ref.workspace,
-            passwd_file=f"{self.ref.root}/{PASSWD_FILE}",
-            group_file=f"{self.ref.root}/{GROUP_FILE}",
-            uid=self.state.uid,
-            gid=self.jail_gid,
-            read_only=read_only_binds([*self.ro_binds, *preset]),
-            egress=self.egress() if self.egress is not None else None,
-        )
-        script = agent_script(command, PROMPT_PATH, self.agent_rlimits)
-        argv = shlex.join(jail_argv(jail, base_environment(WORKSPACE), script))
         attach = ""
         if self.state.cgroup is not None:
             attach = f"{self.state.cgroup.attach_script()} || exit {LAUNCH_FAILED_EXIT}; "
-        return AgentLaunch(f"( {attach}exec {argv} ) {PROMPT_FD}<{shlex.quote(paths.prompt_file)}")
+        return jailed_launch(
+            self.ref.root,
+            self.ref.workspace,
+            paths,
+            command,
+            ro_binds=self.ro_binds,
+            rlimits=self.agent_rlimits,
+            egress=self.egress() if self.egress is not None else None,
+            uid=self.state.uid,
+            gid=self.jail_gid,
+            prelude=attach,
+        )
 
 
 class BwrapProvider(LocalProvider):

@@ -22,9 +22,14 @@ ssh provider can build the same argv for its remote host.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+
+from turnkeeper.sandbox.command import AgentCommand, AgentLaunch, agent_script
+from turnkeeper.sandbox.journal import JournalPaths
+from turnkeeper.sandbox.provider import base_environment
 
 WORKSPACE = "/workspace"
 PROMPT_PATH = "/run/turnkeeper/prompt"
@@ -160,3 +165,40 @@ def identity_files(uid: int, gid: int | None = None) -> tuple[str, str]:
 def read_only_binds(paths: Sequence[str]) -> tuple[str, ...]:
     """The extra binds in a stable order without duplicates (what a preset adds repeats)."""
     return tuple(dict.fromkeys(paths))
+
+
+PASSWD_FILE = "passwd"  # noqa: S105 - the jail's /etc/passwd, no password in it
+GROUP_FILE = "group"
+"""The jail's identity files, written in the sandbox's root (``identity_files``)."""
+
+
+def jailed_launch(
+    root: str,
+    workspace: str,
+    paths: JournalPaths,
+    command: AgentCommand | str,
+    *,
+    ro_binds: Sequence[str],
+    rlimits: tuple[int, int] | None,
+    egress: Egress | None,
+    uid: int | None = None,
+    gid: int | None = None,
+    prelude: str = "",
+) -> AgentLaunch:
+    """The shell code that starts ``command`` in a jail over ``workspace``: the
+    sandbox's identity files from ``root``, the operator's read-only binds and the
+    command's own, the prompt on ``PROMPT_FD``. ``prelude`` runs first, outside the
+    jail (a cgroup attach)."""
+    preset = command.read_only if isinstance(command, AgentCommand) else ()
+    jail = Jail(
+        workspace=workspace,
+        passwd_file=f"{root}/{PASSWD_FILE}",
+        group_file=f"{root}/{GROUP_FILE}",
+        uid=uid,
+        gid=gid,
+        read_only=read_only_binds([*ro_binds, *preset]),
+        egress=egress,
+    )
+    script = agent_script(command, PROMPT_PATH, rlimits)
+    argv = shlex.join(jail_argv(jail, base_environment(WORKSPACE), script))
+    return AgentLaunch(f"( {prelude}exec {argv} ) {PROMPT_FD}<{shlex.quote(paths.prompt_file)}")

@@ -114,14 +114,17 @@ def spawn_journaled(
     prompt: bytes = b"",
     process: int | None = None,
     nonce: str | None = None,
-    after_prepare: Callable[[], None] | None = None,
+    after_prepare: Callable[[], bool] | None = None,
 ) -> JournalHandle:
     """Start ``command`` detached with its output journaled; returns without waiting.
 
     ``process`` defaults to one past the run's latest journal, ``nonce`` to a fresh one
     (a caller that records the handle before the start passes the recorded one).
-    ``after_prepare`` runs between the journal's creation and the writer's start (the
-    crash tests' failpoint: a journal whose writer never started, ``never_started``).
+    ``after_prepare`` runs between the journal's creation and the writer's start, for
+    the crash tests' failpoints (``workers/failpoints.py``): it may stop the worker
+    there or fail as a lost reply, and when it answers True the writer's start is
+    skipped, as a start that never reached the sandbox. Either way the journal's
+    writer never started (``never_started``).
     """
     ref = sandbox.ref
     check_prompt(command, prompt)
@@ -144,8 +147,9 @@ def spawn_journaled(
             run_id=run_id,
             reason="prepare-failed",
         )
-    if after_prepare is not None:
-        after_prepare()
+    if after_prepare is not None and after_prepare():
+        log.warning("journal.start_skipped", run_id=run_id, journal_key=handle.journal_key)
+        return handle
     launch = sandbox.launch(paths, command)
     writer = writer_argv(
         paths,

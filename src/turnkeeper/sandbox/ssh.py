@@ -43,14 +43,11 @@ from turnkeeper.sandbox.cgroup import Limits
 from turnkeeper.sandbox.command import AgentCommand, AgentLaunch, agent_script
 from turnkeeper.sandbox.egress import jail_bind_args, proxy_environment, with_forwarder
 from turnkeeper.sandbox.jail import (
-    PROMPT_FD,
-    PROMPT_PATH,
-    WORKSPACE,
+    GROUP_FILE,
+    PASSWD_FILE,
     Egress,
-    Jail,
     identity_files,
-    jail_argv,
-    read_only_binds,
+    jailed_launch,
 )
 from turnkeeper.sandbox.journal import JournalPaths
 from turnkeeper.sandbox.provider import (
@@ -66,8 +63,6 @@ log = structlog.get_logger(__name__)
 SSH_CONNECTION_FAILED = 255
 """ssh's own exit status when the connection failed; a remote 255 is made 254 (``_remote``)."""
 REMOTE_255_AS = 254
-PASSWD_FILE = "passwd"  # noqa: S105 - the jail's /etc/passwd, no password in it
-GROUP_FILE = "group"
 # Run remotely by the worker's interpreter path: the socket of the remote host's egress
 # proxy for an allowlist, started there if it is not running (egress.ensure_proxy).
 _ENSURE_PROXY = """
@@ -304,18 +299,15 @@ class SshSandbox:
         if self._jail is None:
             script = agent_script(command, paths.prompt_file, rlimits)
             return AgentLaunch(f"( exec /bin/sh -c {shlex.quote(script)} sh )")
-        preset = command.read_only if isinstance(command, AgentCommand) else ()
-        jail = Jail(
-            workspace=self._ref.workspace,
-            passwd_file=f"{self._ref.root}/{PASSWD_FILE}",
-            group_file=f"{self._ref.root}/{GROUP_FILE}",
-            read_only=read_only_binds([*self._jail.ro_binds, *preset]),
+        return jailed_launch(
+            self._ref.root,
+            self._ref.workspace,
+            paths,
+            command,
+            ro_binds=self._jail.ro_binds,
+            rlimits=rlimits,
             egress=self._prepare_jail(self._jail),
         )
-        script = agent_script(command, PROMPT_PATH, rlimits)
-        argv = jail_argv(jail, base_environment(WORKSPACE), script)
-        code = f"( exec {shlex.join(argv)} ) {PROMPT_FD}<{shlex.quote(paths.prompt_file)}"
-        return AgentLaunch(code)
 
     def _prepare_jail(self, jail: RemoteJail) -> Egress | None:
         """Writes the jail's passwd and group into the sandbox and, for a non-empty

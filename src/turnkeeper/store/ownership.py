@@ -61,7 +61,7 @@ class OwnershipMixin(StoreBase):
             raise
         if row is None:
             return None
-        claim = Claim(row["run_id"], row["attempt_id"], row["epoch"])
+        claim = Claim.from_row(row)
         log.info("run.claimed", run_id=run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
         return claim
 
@@ -106,7 +106,7 @@ class OwnershipMixin(StoreBase):
         row = self._db.one("replace_turn_slot_attempt", q.REPLACE_ATTEMPT, params, run_id=run_id)
         if row is None:
             return None
-        claim = Claim(row["run_id"], row["attempt_id"], row["epoch"])
+        claim = Claim.from_row(row)
         log.info(
             "attempt.replaced",
             run_id=run_id,
@@ -129,7 +129,7 @@ class OwnershipMixin(StoreBase):
         rows = self._db.rows(
             "hand_over_expired", q.HAND_OVER_EXPIRED, {"limit": check_limit(limit)}
         )
-        claims = [Claim(r["run_id"], r["attempt_id"], r["epoch"]) for r in rows]
+        claims = [Claim.from_row(r) for r in rows]
         for claim in claims:
             log.info(
                 "attempt.handed_over",
@@ -175,7 +175,7 @@ class OwnershipMixin(StoreBase):
         row = self._db.one("adopt_attempt", q.ADOPT_ATTEMPT, params, run_id=run_id)
         if row is None:
             return None
-        claim = Claim(row["run_id"], row["attempt_id"], row["epoch"])
+        claim = Claim.from_row(row)
         log.info(
             "attempt.adopted",
             run_id=run_id,
@@ -195,7 +195,7 @@ class OwnershipMixin(StoreBase):
             "limit": check_limit(limit),
         }
         rows = self._db.rows("redispatch_takeovers", q.REDISPATCH_TAKEOVERS, params)
-        return [Claim(r["run_id"], r["attempt_id"], r["epoch"]) for r in rows]
+        return [Claim.from_row(r) for r in rows]
 
     def expire_exhausted(self, limit: int) -> list[Run]:
         """Settle expired runs that may not be taken over, runs awaiting adoption that

@@ -71,6 +71,10 @@ class Claim:
     attempt_id: str
     epoch: int
 
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Claim:
+        return cls(row["run_id"], row["attempt_id"], row["epoch"])
+
 
 @dataclass(frozen=True, slots=True)
 class Run:

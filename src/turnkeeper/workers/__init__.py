@@ -1,6 +1,3 @@
-"""Worker processes: their runtime (connections opened after fork) and lease heartbeats."""
-
-from turnkeeper.workers.lease import LeaseKeeper
-from turnkeeper.workers.runtime import WorkerRuntime, runtime_for
-
-__all__ = ["LeaseKeeper", "WorkerRuntime", "runtime_for"]
+"""Worker processes: their runtime (connections opened after fork), lease heartbeats and
+failpoints. Import the modules themselves: this package re-exports nothing, so that
+``workers.failpoints`` imports without the driver."""
