@@ -67,8 +67,7 @@ def handed_over_at(fleet: Fleet, run_id: str, epoch: int) -> dt.datetime:
 
 def mid_run(fleet: Fleet, run_id: str, chunks: int = 8) -> Run:
     """The run once its owner appended ``chunks`` chunks and marked its owner lock."""
-    while len(fleet.log_of(run_id)) < chunks:
-        time.sleep(0.02)
+    fleet.wait_chunks(run_id, chunks)
     return fleet.wait(run_id, lambda r: watched(fleet, r), what="its owner lock marked")
 
 
@@ -84,9 +83,7 @@ def test_sigkill_at_the_default_lease_is_a_crash_takeover(
     default_fleet: Fleet, tmp_path: Path
 ) -> None:
     fleet = default_fleet
-    fleet.start_worker()
-    fleet.start_worker()
-    fleet.start_beat()
+    fleet.start_pair()
     fleet.wait_ready()
     run = fleet.client.submit(AGENT, PROMPT)
     owned = mid_run(fleet, run.run_id)
@@ -111,9 +108,7 @@ def test_sigstop_waits_for_the_lease(settings: Settings, tmp_path: Path) -> None
         settings, tmp_path / "logs", lease_ttl=6.0, heartbeat_interval=2.0, reconcile_interval=1.0
     )
     try:
-        fleet.start_worker()
-        fleet.start_worker()
-        fleet.start_beat()
+        fleet.start_pair()
         fleet.wait_ready()
         run = fleet.client.submit(AGENT, PROMPT)
         mid_run(fleet, run.run_id)
@@ -162,9 +157,7 @@ def test_dropping_the_owners_connections_loses_and_doubles_nothing(
     watcher's grace and carries on, or the watcher won the race and the owner is fenced;
     either way the log is the oracle's, exactly."""
     fleet = default_fleet
-    fleet.start_worker()
-    fleet.start_worker()
-    fleet.start_beat()
+    fleet.start_pair()
     fleet.wait_ready()
     slow = {**AGENT, "pace": 0.1}
     run = fleet.client.submit(slow, PROMPT)

@@ -204,4 +204,4 @@ class WatchSession(LockSession):
             "attempt_ids": [o.attempt_id for o in owners],
         }
         rows = self.rows("hand_over_absent", q.HAND_OVER_ABSENT, params, reconnect=False)
-        return [Claim(r["run_id"], r["attempt_id"], r["epoch"]) for r in rows]
+        return [Claim.from_row(r) for r in rows]
