@@ -61,7 +61,10 @@ def reconcile(
     settings = rt.settings
     failed = rt.store.expire_exhausted(BATCH)
     for run in failed:
-        end_run_log(rt, run)
+        try:
+            end_run_log(rt, run)
+        except TurnkeeperError as exc:  # settled already: the reaper closes its log
+            log.warning("run.log_end_deferred", run_id=run.run_id, error=str(exc))
     handed = rt.store.hand_over_expired(BATCH)
     send_takeovers(rt, handed, enqueue_takeover=enqueue_takeover, cause="lease")
     redispatched = rt.store.redispatch_takeovers(settings.requeue_after, BATCH)

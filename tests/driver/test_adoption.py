@@ -191,3 +191,58 @@ def test_a_takeover_is_served_before_queued_new_runs(
                 channel = conn.default_channel
                 for queue in (turns_queue(fleet.settings), control_queue(fleet.settings)):
                     channel.queue_delete(queue)
+
+
+def test_a_run_whose_owners_die_twice_on_a_saturated_fleet_completes(
+    settings: Settings, database_url: str, tmp_path: Path
+) -> None:
+    """Three one-slot workers, all busy with long turns. The victim's owner is SIGKILLed;
+    it waits for a slot, is adopted when the shortest turn ends, and that owner is
+    SIGKILLed too; it waits again, for the last slot. It completes at the default
+    max_attempts: three attempts, one claim and two adoptions, however long it queued."""
+    fleet = Fleet.create(settings, tmp_path / "logs", lease_ttl=3.0)
+    victim_agent = {"preset": "scripted", "turns": 3, "pace": 0.3, "seed": 21}
+    short_agent = {"preset": "scripted", "turns": 3, "pace": 0.1, "seed": 22}
+    long_agent = {"preset": "scripted", "turns": 4, "pace": 0.3, "seed": 23}
+    try:
+        for _ in range(3):
+            fleet.start_worker()
+        fleet.start_beat()
+        fleet.wait_ready()
+        victim = fleet.client.submit(victim_agent, PROMPT)
+        short = fleet.client.submit(short_agent, PROMPT)
+        long = fleet.client.submit(long_agent, PROMPT)
+        for run in (victim, short, long):
+            fleet.wait(run.run_id, lambda r: r.owner is not None, what="an owner")
+        while len(fleet.log_of(victim.run_id)) < 6:
+            time.sleep(0.02)
+        fleet.signal_worker_of(fleet.client.require(victim.run_id), signal.SIGKILL)
+        adopted = fleet.wait(
+            victim.run_id, lambda r: r.epoch == 2 and r.owner is not None, 120, "an adoption"
+        )
+        assert fleet.client.require(short.run_id).status is RunStatus.COMPLETED
+        seen = len(fleet.log_of(victim.run_id))
+        while len(fleet.log_of(victim.run_id)) < seen + 2:  # the adopter is writing
+            time.sleep(0.02)
+        fleet.signal_worker_of(adopted, signal.SIGKILL)
+        done = fleet.wait_settled(victim.run_id, timeout=240)
+        assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
+        assert (done.epoch, done.attempt_count) == (3, 3)
+        assert done.attempt_count <= Settings().max_attempts
+        adoptions = sorted(
+            events(fleet, "attempt.adopted", victim.run_id), key=lambda a: a["epoch"]
+        )
+        assert [(a["epoch"], a["attempt_id"]) for a in adoptions][-1] == (3, done.attempt_id)
+        assert [a["epoch"] for a in adoptions] == [2, 3]  # one adoption per attempt after the claim
+        assert attempts(database_url, victim.run_id) == [
+            (1, "superseded"),
+            (2, "superseded"),
+            (3, "completed"),
+        ]
+        assert_log_is_oracle(fleet, done, victim_agent, tmp_path / "oracle-victim")
+        for run, agent in ((short, short_agent), (long, long_agent)):
+            other = fleet.wait_settled(run.run_id, timeout=240)
+            assert (other.status, other.attempt_count) == (RunStatus.COMPLETED, 1)
+            assert_log_is_oracle(fleet, other, agent, tmp_path / f"oracle-{run.run_id}")
+    finally:
+        fleet.stop()

@@ -25,6 +25,7 @@ from tests.driver.test_takeover import (
     _assert_log_is_oracle,
     _assert_segments_whole,
     _assert_transcript_once,
+    _attempts,
     _oracle,
 )
 from tests.driver.test_zombie import _stopped_events
@@ -195,3 +196,42 @@ def test_a_stored_custom_chunk_the_replay_does_not_make_is_a_divergence(fleet: F
     assert [chunk for _, chunk in log[:-1]] == tampered
     assert (log[-1][1]["type"], log[-1][1]["code"]) == ("RUN_ERROR", "diverged")
     assert "seq 5" in log[-1][1]["message"]
+
+
+def test_a_zombie_woken_after_a_loss_before_any_adoption_is_refused(
+    fleet: Fleet, database_url: str, tmp_path: Path
+) -> None:
+    """One worker slot, frozen past its lease: the run is handed over (epoch 2) but
+    nobody can adopt it. Redis loses the log; a read rebuilds it with the fence at
+    Postgres's epoch, the only fence there is now. The zombie wakes: refused, it leaves
+    its turn, its slot adopts the takeover, and the log is the oracle."""
+    fleet.start_worker()
+    fleet.start_beat()
+    run = fleet.client.submit(AGENT, PROMPT)
+    while len(fleet.log_of(run.run_id)) < 8:
+        time.sleep(0.02)
+    frozen = fleet.client.require(run.run_id)
+    pgid = fleet.signal_worker_of(frozen, signal.SIGSTOP)
+    try:
+        handed = fleet.wait(run.run_id, lambda r: r.awaiting_adoption, what="a handover")
+        assert (handed.epoch, handed.attempt_count) == (2, 1)
+        assert lose_logs(fleet) == 2
+        before = fleet.log_of(run.run_id)  # rebuilt from Postgres
+        state = fleet.client.log.state(run.run_id)
+        assert (state.epoch, state.closed, state.last_seq) == (2, False, len(before))
+    finally:
+        os.killpg(pgid, signal.SIGCONT)
+    done = fleet.wait_settled(run.run_id)
+    assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
+    assert (done.epoch, done.attempt_count) == (2, 2)
+    assert _attempts(database_url, run.run_id) == [(1, "superseded"), (2, "completed")]
+    deadline = time.monotonic() + 60  # a hang guard
+    while not _stopped_events(fleet, frozen.attempt_id or ""):
+        assert time.monotonic() < deadline, fleet.dump_logs()
+        time.sleep(0.1)
+    (event,) = _stopped_events(fleet, frozen.attempt_id or "")
+    assert event["epoch"] == 1
+    stored = fleet.log_of(run.run_id)
+    assert stored[: len(before)] == before
+    _assert_log_is_oracle(fleet, done, tmp_path)
+    _assert_transcript_once(fleet, done)

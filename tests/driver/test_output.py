@@ -20,6 +20,9 @@ CHUNKS = [{"type": "CUSTOM", "name": "n", "value": i} for i in range(3)]
 @pytest.fixture
 def claim_and_runtime(settings: Settings) -> Iterator[tuple[Claim, WorkerRuntime]]:
     rt = WorkerRuntime.open(settings)
+    # The append path alone: a log with no source, made empty by its first fence (one
+    # with a source is made by a rebuild from Postgres, with the run's RUN_STARTED).
+    rt.log.source = None
     rt.store.admit_run("out-1", "out-1", {}, max_attempts=3, deadline=None)
     claim = rt.store.claim_run("out-1", "me", 30)
     assert claim is not None

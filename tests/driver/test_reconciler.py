@@ -14,6 +14,7 @@ from tests.driver.fleet import Fleet
 from tests.driver.test_takeover import AGENT, PROMPT
 from turnkeeper import reconciler
 from turnkeeper.config import Settings
+from turnkeeper.embedded.ports import free_port
 from turnkeeper.store.records import RunStatus, Verdict
 from turnkeeper.workers.runtime import WorkerRuntime
 
@@ -31,10 +32,10 @@ def _expired_run(rt: WorkerRuntime, run_id: str, *, max_attempts: int = 5) -> No
     )
     claim = rt.store.claim_run(run_id, "owner-that-died", 0.05)
     assert claim is not None
-    rt.log.fence(run_id, claim.epoch)
-    rt.log.append(
-        run_id, claim.epoch, 1, [{"type": "RUN_STARTED", "threadId": run_id, "runId": run_id}]
-    )
+    rt.log.fence(run_id, claim.epoch)  # the log is made from Postgres: its RUN_STARTED
+    assert [chunk for _, chunk in rt.log.snapshot(run_id)] == [
+        {"type": "RUN_STARTED", "threadId": run_id, "runId": run_id}
+    ]
     time.sleep(0.1)
 
 
@@ -304,3 +305,35 @@ def test_a_forced_handoff_takes_a_run_awaiting_adoption(runtime: WorkerRuntime) 
     assert run is not None
     assert (run.owner, run.attempt_count, run.awaiting_adoption) == ("op", 2, False)
     assert runtime.store.adopt_attempt("forced-1", attempt_id, "late", 5) is None
+
+
+def test_a_log_redis_down_does_not_stop_the_handovers(
+    runtime: WorkerRuntime, settings: Settings
+) -> None:
+    """With the log's Redis unreachable, a run out of attempts is still settled and an
+    expired one still handed over in the same sweep; the reaper closes the settled run's
+    log once Redis answers again."""
+    _expired_run(runtime, "spent-2", max_attempts=1)
+    _expired_run(runtime, "expired-2")
+    down = WorkerRuntime.open(
+        runtime.settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_port()}/0"})
+    )
+    sent: list[tuple[str, str, int]] = []
+    try:
+        report = reconciler.reconcile(
+            down, enqueue_takeover=lambda *a: sent.append(a), enqueue_run=lambda run_id: None
+        )
+    finally:
+        down.close()
+    assert (report.failed, report.taken_over) == (1, 1)
+    assert [(run_id, epoch) for run_id, _, epoch in sent] == [("expired-2", 2)]
+    spent = runtime.store.get_run("spent-2")
+    assert spent is not None
+    assert spent.status is RunStatus.FAILED
+    assert reconciler.reap(runtime).logs_ended == 1
+    chunks = [chunk for _, chunk in runtime.log.snapshot("spent-2")]
+    assert chunks == [
+        {"type": "RUN_STARTED", "threadId": "spent-2", "runId": "spent-2"},
+        {"type": "RUN_ERROR", "message": spent.error["message"], "code": spent.error["reason"]},
+    ]
+    assert runtime.log.state("spent-2").closed

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from turnkeeper.driver.resilience import resilient
@@ -38,3 +40,20 @@ def test_the_budget_bounds_the_retries() -> None:
     with pytest.raises(StoreUnavailableError):
         resilient(target, budget=0.3).write(1)
     assert 1 < target.calls < 1000
+
+
+def test_a_lost_lease_ends_the_retries_at_once() -> None:
+    """Retried while the lease is held; once it is lost (set here by the third failure,
+    as the heartbeat would), the next failure is raised: a successor may own the run."""
+    lost = threading.Event()
+
+    class LosesItsLease(Flaky):
+        def write(self, value: int) -> int:
+            if self.calls == 2:
+                lost.set()
+            return super().write(value)
+
+    target = LosesItsLease([LogUnavailableError("down")] * 1000)
+    with pytest.raises(LogUnavailableError):
+        resilient(target, budget=300, until=lost).write(1)
+    assert target.calls == 3

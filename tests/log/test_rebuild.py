@@ -7,6 +7,7 @@ reference every rebuilt log is compared with, whole and element by element.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import threading
 import time
@@ -20,12 +21,14 @@ from turnkeeper.chunks import Chunk
 from turnkeeper.client import Client
 from turnkeeper.config import Settings
 from turnkeeper.driver import lifecycle
+from turnkeeper.driver.attempt import _own
 from turnkeeper.driver.output import RunOutput
 from turnkeeper.driver.ownership import Ownership
 from turnkeeper.driver.placement import PlacedJournal, Placement
 from turnkeeper.driver.replay import Replay
-from turnkeeper.errors import LogGoneError, OwnershipLostError
-from turnkeeper.log import RunLog
+from turnkeeper.errors import LogGoneError, LogUnavailableError, OwnershipLostError, ServiceError
+from turnkeeper.log import AsyncRunLog, RunLog
+from turnkeeper.log.entries import LogState
 from turnkeeper.sandbox import (
     JournalHandle,
     JournalPaths,
@@ -52,7 +55,13 @@ def lose(run_log: RunLog, run_id: str) -> None:
 class Owner:
     """A run's owner on the driver's own write path: segments, then chunks."""
 
-    def __init__(self, rt: WorkerRuntime, run_id: str, claim: Claim | None = None) -> None:
+    def __init__(
+        self,
+        rt: WorkerRuntime,
+        run_id: str,
+        claim: Claim | None = None,
+        run_log: RunLog | None = None,
+    ) -> None:
         self.rt = rt
         self.run_id = run_id
         if claim is None:
@@ -66,7 +75,7 @@ class Owner:
         rt.store.record_sandbox(claim, Placement(ref, [self.journal]).to_dict())
         self.lost = threading.Event()
         ownership = Ownership(rt.store, claim, self.lost, 30)
-        self.output = RunOutput(rt.store, rt.log, claim, ownership)
+        self.output = RunOutput(rt.store, run_log or rt.log, claim, ownership)
         self.replay = Replay(run_id, run_id, AgentSpec.from_payload(PAYLOAD["agent"]).format)
         self.emitted: list[Chunk] = []
         self.offset = 0
@@ -276,3 +285,177 @@ def test_a_lost_log_whose_segments_were_pruned_is_gone_everywhere(
     finally:
         client.close()
     assert not rt.log.client.exists(rt.log.keys("pruned-1").meta)  # nothing half-made
+
+
+class LosingLog(RunLog):
+    """The fleet's run log, on the same Redis, that loses the log (a real DEL of both
+    keys, what a flush does) right before each of its next ``losses`` page reads, or
+    right after each of its next ``losses_after_state`` state reads: a loss at an exact
+    point of a read, again and again."""
+
+    losses = 0
+    losses_after_state = 0
+
+    def _lose(self, run_id: str) -> None:
+        keys = self.keys(run_id)
+        self.client.delete(keys.stream, keys.meta)
+
+    def page(self, run_id: str, after_seq: int, count: int) -> list[tuple[int, Chunk]]:
+        if self.losses > 0:
+            self.losses -= 1
+            self._lose(run_id)
+        return super().page(run_id, after_seq, count)
+
+    def state(self, run_id: str) -> LogState:
+        state = super().state(run_id)
+        if self.losses_after_state > 0:
+            self.losses_after_state -= 1
+            self._lose(run_id)
+        return state
+
+
+@pytest.mark.parametrize("losses", [1, 3, 60, 200])
+def test_a_log_lost_again_and_again_while_its_owner_realigns(
+    rt: WorkerRuntime, settings: Settings, losses: int
+) -> None:
+    """The owner's append meets a rebuilt log that already holds its batch; every page it
+    reads back to realign finds the log lost once more (past the page retries too). It
+    carries on, nothing doubled, nothing failed."""
+    _admit(rt, "again-1")
+    owner = Owner(rt, "again-1")
+    losing = LosingLog.from_settings(settings, source=rt.log.source)
+    owner.output.run_log = losing
+    owner.consume(LINES[:5])
+    owner.store(LINES[5:12])  # stored, its chunks not yet appended
+    lose(rt.log, "again-1")
+    assert rt.log.snapshot("again-1")  # rebuilt: it holds the pending chunks
+    losing.losses = losses
+    owner.emit(owner.replay.lines(LINES[5:12]))
+    assert rt.log.snapshot("again-1") == owner.log()
+    owner.consume(LINES[12:])
+    owner.finish()
+    assert rt.log.snapshot("again-1") == owner.log()
+    assert not owner.lost.is_set()
+    losing.client.close()
+
+
+def test_a_log_lost_again_and_again_under_a_takeovers_replay(
+    rt: WorkerRuntime, settings: Settings
+) -> None:
+    """A successor walks the stored log while Redis keeps losing it. A few losses: it
+    carries on, the log exact. Losses past every retry: a service error (the attempt
+    stops, a successor goes on), never a failed run, and the log is untouched."""
+    _admit(rt, "walk-1")
+    first = Owner(rt, "walk-1")
+    first.consume(LINES[:10])
+    before = rt.log.snapshot("walk-1")
+
+    def successor(losses: int) -> Owner:
+        run = rt.store.get_run("walk-1")
+        assert run is not None
+        assert run.attempt_id is not None
+        claim = rt.store.replace_turn_slot_attempt(
+            "walk-1", run.attempt_id, "successor", 30, only_if_expired=False
+        )
+        assert claim is not None
+        losing = LosingLog.from_settings(settings, source=rt.log.source)
+        losing.losses = losses
+        return Owner(rt, "walk-1", claim, run_log=losing)
+
+    with pytest.raises(LogUnavailableError) as info:
+        successor(60).consume(LINES[:10])  # its replay, from RUN_STARTED on
+    assert isinstance(info.value, ServiceError)
+    assert info.value.reason == "lost-under-read"
+    assert rt.log.snapshot("walk-1") == before
+
+    heir = successor(3)
+    heir.consume(LINES[:10])
+    assert rt.log.snapshot("walk-1") == before  # all suppressed
+    heir.consume(LINES[10:])
+    heir.finish()
+    assert rt.log.snapshot("walk-1") == heir.log()
+    assert heir.log()[: len(before)] == before
+
+
+@pytest.mark.parametrize("losses", [1, 2, 5])
+@pytest.mark.parametrize("settled", [False, True], ids=["open", "settled"])
+def test_a_snapshot_whose_log_is_lost_under_it_is_whole(
+    rt: WorkerRuntime, settings: Settings, losses: int, settled: bool
+) -> None:
+    """Lost right after the snapshot read the log's extent (and again after each look
+    that rebuilt it): the snapshot is the whole log, never a short or empty one."""
+    _admit(rt, "under-1")
+    owner = Owner(rt, "under-1")
+    owner.consume(LINES)
+    if settled:
+        owner.finish()
+    whole = rt.log.snapshot("under-1")
+    assert whole == owner.log()
+    reader = LosingLog.from_settings(settings, source=rt.log.source)
+    try:
+        reader.losses_after_state = losses
+        assert reader.snapshot("under-1") == whole
+        reader.losses_after_state = losses
+        assert reader.snapshot("under-1", after_seq=3) == whole[3:]
+    finally:
+        reader.client.close()
+
+
+def test_the_web_readers_snapshot_whose_log_is_lost_under_it_is_whole(
+    rt: WorkerRuntime, settings: Settings
+) -> None:
+    """The async reader (the web server's), lost right after each of two state looks."""
+
+    class LosingAsyncLog(AsyncRunLog):
+        losses_after_state = 2
+
+        async def state(self, run_id: str) -> LogState:
+            state = await super().state(run_id)
+            if self.losses_after_state > 0:
+                self.losses_after_state -= 1
+                keys = self.keys(run_id)
+                await self.client.delete(keys.stream, keys.meta)
+            return state
+
+    _admit(rt, "web-1")
+    owner = Owner(rt, "web-1")
+    owner.consume(LINES)
+    owner.finish()
+    whole = rt.log.snapshot("web-1")
+
+    async def scenario() -> list[tuple[int, Chunk]]:
+        reader = LosingAsyncLog.from_settings(settings)
+        reader.restorer = rt.log
+        try:
+            return await reader.snapshot("web-1")
+        finally:
+            await reader.aclose()
+
+    assert asyncio.run(scenario()) == whole
+
+
+def test_a_zombie_frozen_before_its_first_fence_makes_no_log_after_a_loss(
+    rt: WorkerRuntime,
+) -> None:
+    """An owner frozen between its claim and its first fence wakes after its run was
+    handed over, adopted, and its log lost: its fence (the driver's own entry, ``_own``)
+    must not make an empty log at its epoch. Readers still see the whole log, and the
+    adopter carries on."""
+    _admit(rt, "early-1")
+    zombie = rt.store.claim_run("early-1", "zombie", 0.05)
+    assert zombie is not None
+    time.sleep(0.1)
+    (handed,) = rt.store.hand_over_expired(10)
+    adopted = rt.store.adopt_attempt("early-1", handed.attempt_id, "adopter", 30)
+    assert adopted is not None
+    assert adopted.epoch == 2
+    heir = Owner(rt, "early-1", adopted)
+    heir.consume(LINES[:10])
+    lose(rt.log, "early-1")
+    _own(rt, zombie, fresh=True)  # superseded: it returns without driving anything
+    assert rt.log.snapshot("early-1") == heir.log()
+    assert rt.log.state("early-1").epoch == 2
+    heir.consume(LINES[10:])
+    heir.finish()
+    assert rt.log.snapshot("early-1") == heir.log()
+    assert not heir.lost.is_set()

@@ -42,7 +42,12 @@ from turnkeeper.driver.replay import (
     stored_exit,
     with_newlines,
 )
-from turnkeeper.driver.resilience import is_transport_error, resilient, sandbox_retry_policy
+from turnkeeper.driver.resilience import (
+    SERVICE_RETRY_BUDGET,
+    is_transport_error,
+    resilient,
+    sandbox_retry_policy,
+)
 from turnkeeper.errors import (
     AgentVanishedError,
     JournalError,
@@ -124,8 +129,12 @@ def _own(runtime: WorkerRuntime, claim: Claim, *, fresh: bool) -> None:
         owner_locks.hold(claim)
     try:
         # From here on, every append of an earlier attempt is refused by Redis itself.
-        stored_epoch = runtime.log.fence(claim.run_id, claim.epoch)
-        run = runtime.store.get_run(claim.run_id)
+        # Retried while the lease is held: a Redis down now must not cost the attempt.
+        run_log = resilient(runtime.log, SERVICE_RETRY_BUDGET, until=keeper.lost)
+        stored_epoch = run_log.fence(claim.run_id, claim.epoch)
+        run = resilient(runtime.store, SERVICE_RETRY_BUDGET, until=keeper.lost).get_run(
+            claim.run_id
+        )
         if stored_epoch > claim.epoch or run is None or run.attempt_id != claim.attempt_id:
             bound.info("takeover.superseded", stored_epoch=stored_epoch)
             return
@@ -195,9 +204,9 @@ class Attempt:
         ownership: Ownership,
     ) -> None:
         self.settings = runtime.settings
-        budget = self.settings.lease_ttl
-        self.store = resilient(runtime.store, budget)
-        self.run_log = resilient(runtime.log, budget)
+        # Retried while the lease is held (``driver/resilience.py``).
+        self.store = resilient(runtime.store, SERVICE_RETRY_BUDGET, until=keeper.lost)
+        self.run_log = resilient(runtime.log, SERVICE_RETRY_BUDGET, until=keeper.lost)
         self.claim = claim
         self.run = run
         self.keeper = keeper
@@ -542,6 +551,7 @@ class Attempt:
         Postgres before any client sees the run end."""
         self.output.check_aligned()
         settled = self._settle(status, error)
+        failpoint(self.settings, "settled", self.claim.run_id)
         self.output.emit([final])
         self.output.close()
         if settled:

@@ -27,9 +27,9 @@ import structlog
 from turnkeeper.chunks import Chunk, fingerprint
 from turnkeeper.driver.ownership import Ownership
 from turnkeeper.errors import (
-    AlignmentError,
     LogClosedError,
     LogFencedError,
+    LogUnavailableError,
     SequenceConflictError,
 )
 from turnkeeper.log import RunLog
@@ -41,6 +41,8 @@ log = structlog.get_logger(__name__)
 
 _PAGE_TRIES = 50
 _PAGE_RETRY_WAIT = 0.01
+_REALIGN_TRIES = 8
+_LOST_UNDER_READ = "lost-under-read"
 
 # Fleet counters (RunLog.count), exported by the web app's /metrics.
 LEASE_RENEWALS = "lease_renewals"
@@ -68,6 +70,9 @@ class StoredLogPages:
 
     A page that comes back short of the known end means the log was lost under the
     read: reading its state rebuilds it (with the same seqs), and the page is read again.
+    A log still lost after ``_PAGE_TRIES`` looks is a service failure
+    (``LogUnavailableError``, reason ``lost-under-read``), never a short log: Redis keeps
+    losing it, which says nothing about the run.
     """
 
     def __init__(self, run_log: RunLog, run_id: str) -> None:
@@ -96,6 +101,13 @@ class StoredLogPages:
             time.sleep(_PAGE_RETRY_WAIT)
             self.run_log.state(self.run_id)
             chunks = self.run_log.page(self.run_id, after_seq, count)
+        if not chunks and after_seq < self._last:
+            raise LogUnavailableError(
+                f"the log kept being lost while seq {after_seq + 1} was read back",
+                run_id=self.run_id,
+                reason=_LOST_UNDER_READ,
+                seq=after_seq + 1,
+            )
         return chunks
 
 
@@ -162,14 +174,7 @@ class RunOutput:
                     expected = int(exc.fields.get("expected", 0))
                     if expected <= first:
                         raise  # the log is behind this attempt: it lost chunks it showed
-                    try:
-                        fresh = self._realigned(first, expected, batch)
-                    except AlignmentError as lost:
-                        if lost.reason != "incomplete-snapshot":
-                            raise
-                        # Lost again while this attempt read it back: the next append
-                        # meets the log rebuilt once more, and realigns against that.
-                        fresh = list(enumerate(batch, start=first))
+                    fresh = self._realigned(first, expected, batch)
                     continue
                 except LogClosedError:
                     # A rebuild closed the log of the run this attempt just settled,
@@ -178,18 +183,40 @@ class RunOutput:
                         raise
             self.appended += len(fresh)
             return
-        raise AlignmentError("the log kept moving under its owner", run_id=self.claim.run_id)
+        # Not the run's failure: the attempt stops as a service error, a successor goes on.
+        raise LogUnavailableError(
+            "the log kept moving under its owner", run_id=self.claim.run_id, reason="log-unsteady"
+        )
 
     def _realigned(self, first: int, expected: int, batch: list[Chunk]) -> list[tuple[int, Chunk]]:
         """The log already holds seqs ``first..expected - 1``: a rebuild from Postgres
         (or a retried append whose reply was lost) wrote them. Compare the batch with
-        them again; what is left of it goes after them."""
-        self._log.info("log.realigned", first_seq=first, stored_end=expected - 1)
-        self.aligner.realign(first, expected - 1, StoredLogPages(self.run_log, self.claim.run_id))
-        fresh: list[tuple[int, Chunk]] = []
-        for chunk in batch:
-            fresh.extend(self.aligner.feed(chunk))
-        return fresh
+        them again; what is left of it goes after them.
+
+        A log lost once more while it is read back is read back again, as rebuilt by
+        then, from ``first`` (``Aligner.realign`` takes up a realignment it broke off).
+        """
+        stored_end = expected - 1
+        for _ in range(_REALIGN_TRIES):
+            stored = StoredLogPages(self.run_log, self.claim.run_id)
+            stored_end = max(stored_end, stored.last_seq)
+            self._log.info("log.realigned", first_seq=first, stored_end=stored_end)
+            self.aligner.realign(first, stored_end, stored)
+            fresh: list[tuple[int, Chunk]] = []
+            try:
+                for chunk in batch:
+                    fresh.extend(self.aligner.feed(chunk))
+            except LogUnavailableError as lost:
+                if lost.reason != _LOST_UNDER_READ:
+                    raise
+                continue
+            return fresh
+        raise LogUnavailableError(
+            "the log kept being lost while its owner read it back",
+            run_id=self.claim.run_id,
+            reason=_LOST_UNDER_READ,
+            seq=first,
+        )
 
     def _ends_with(self, first: int, batch: list[Chunk]) -> bool:
         """The (closed) log holds exactly ``batch`` at seqs ``first...`` and nothing after."""

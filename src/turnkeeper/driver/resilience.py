@@ -1,9 +1,12 @@
 """Retrying transient failures of the store, the log and the sandbox link, never a
 lost lease.
 
-A dropped Postgres connection or a Redis failover should not cost a run its
-attempt: the call is retried with backoff for at most one lease period (after
-that a successor may own the run anyway). Only ``ServiceError``s are retried;
+A dropped Postgres connection, a Redis failover or a Redis down for a while should
+not cost a run its attempt: an attempt's calls are retried with backoff for as long
+as its lease is held (the heartbeat renews it in Postgres, whatever Redis does), at
+most ``SERVICE_RETRY_BUDGET``; they stop at once when the lease is lost (the
+heartbeat could not reach Postgres for a lease period, or a successor took the run),
+since a successor may own the run from then on. Only ``ServiceError``s are retried;
 a refused write is an answer, not a failure, and is never retried here.
 Conditional writes stay correct when retried: a write whose reply was lost
 comes back as "already done", which the driver checks against ownership.
@@ -20,6 +23,7 @@ A run fails for its sandbox only when the sandbox is known to be gone.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -29,8 +33,10 @@ from tenacity import (
     retry_if_exception,
     retry_if_exception_type,
     stop_after_delay,
+    stop_when_event_set,
     wait_exponential_jitter,
 )
+from tenacity.stop import stop_base
 
 from turnkeeper.errors import JournalError, SandboxUnreachableError, ServiceError
 
@@ -40,13 +46,23 @@ T = TypeVar("T")
 
 
 def _policy(
-    retry: Any, budget: float, *, multiplier: float, max_wait: float, event: str
+    retry: Any,
+    budget: float,
+    *,
+    multiplier: float,
+    max_wait: float,
+    event: str,
+    until: threading.Event | None = None,
 ) -> Retrying:
     """Retry what ``retry`` accepts with jittered exponential backoff for ``budget``
-    seconds, logging ``event`` before each sleep; the last error is raised at the end."""
+    seconds, or until ``until`` is set, logging ``event`` before each sleep; the last
+    error is raised at the end."""
+    stop: stop_base = stop_after_delay(budget)
+    if until is not None:
+        stop = stop | stop_when_event_set(until)
     return Retrying(
         retry=retry,
-        stop=stop_after_delay(budget),
+        stop=stop,
         wait=wait_exponential_jitter(multiplier=multiplier, max=max_wait),
         reraise=True,
         before_sleep=lambda state: log.warning(
@@ -57,14 +73,20 @@ def _policy(
     )
 
 
-def retry_policy(budget: float) -> Retrying:
-    """Retry service errors of the store and the log for ``budget`` seconds."""
+SERVICE_RETRY_BUDGET = 120.0
+"""Seconds an attempt retries a service (Postgres, Redis) while its lease is held."""
+
+
+def retry_policy(budget: float, until: threading.Event | None = None) -> Retrying:
+    """Retry service errors of the store and the log for ``budget`` seconds, or until
+    ``until`` (an attempt's lost lease) is set."""
     return _policy(
         retry_if_exception_type(ServiceError),
         budget,
         multiplier=0.05,
         max_wait=2.0,
         event="service.retrying",
+        until=until,
     )
 
 
@@ -93,9 +115,9 @@ def sandbox_retry_policy(budget: float = SANDBOX_RETRY_BUDGET) -> Retrying:
 class Resilient(Generic[T]):
     """A proxy whose method calls are retried on transient service errors."""
 
-    def __init__(self, target: T, budget: float) -> None:
+    def __init__(self, target: T, budget: float, until: threading.Event | None = None) -> None:
         self._target = target
-        self._policy = retry_policy(budget)  # reusable: its state is per call and thread
+        self._policy = retry_policy(budget, until)  # reusable: its state is per call and thread
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._target, name)
@@ -113,7 +135,8 @@ class Resilient(Generic[T]):
         return self._target
 
 
-def resilient(target: T, budget: float) -> T:
-    """``target`` with every method retried on transient errors (typed as ``target``)."""
-    proxy: Callable[..., Any] | Resilient[T] = Resilient(target, budget)
+def resilient(target: T, budget: float, until: threading.Event | None = None) -> T:
+    """``target`` with every method retried on transient errors (typed as ``target``),
+    for ``budget`` seconds or until ``until`` is set (an attempt's lost lease)."""
+    proxy: Callable[..., Any] | Resilient[T] = Resilient(target, budget, until)
     return proxy  # type: ignore[return-value]

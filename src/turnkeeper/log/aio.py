@@ -36,6 +36,7 @@ from turnkeeper.log.runlog import (
     RunLog,
     check_client,
     check_read_offset,
+    check_short_read,
     read_is_over,
 )
 
@@ -106,6 +107,7 @@ class AsyncRunLog:
         out: list[tuple[int, Chunk]] = []
         cursor = after_seq
         state = await self.state(run_id)
+        stalls = 0
         while True:
             with redis_errors(run_id, "snapshot"):
                 entries = await self._redis.xrange(
@@ -120,10 +122,11 @@ class AsyncRunLog:
             if len(rows) < self.page_size:
                 if cursor >= state.last_seq or self.restorer is None:
                     break
-                refreshed = await self.state(run_id)
-                if not refreshed.exists or cursor >= refreshed.last_seq or refreshed == state:
-                    break  # the end, or nothing changed since the last look
-                state = refreshed
+                stalls = 0 if page.chunks else stalls + 1
+                check_short_read(stalls, run_id, cursor)
+                state = await self.state(run_id)
+                if not state.exists:
+                    break
         if not out and after_seq > 0 and not state.exists:
             raise LogGoneError("the log expired", run_id=run_id, reason="expired", offset=after_seq)
         return out

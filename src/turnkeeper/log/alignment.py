@@ -142,6 +142,7 @@ class Aligner:
         self._forwarded = 0
         self._trimmed = self._blind
         self._next_seq = self._end + 1
+        self._realigning_from: int | None = None
 
     @property
     def aligned(self) -> bool:
@@ -186,8 +187,16 @@ class Aligner:
         """The log holds seqs up to ``stored_end``, past what this aligner forwarded
         from ``first_seq`` on (a rebuild from Postgres wrote them): take back the
         forwards from ``first_seq`` and compare them again, up to the new end, read
-        from ``stored`` (the log as it is now) when given."""
-        if not self.aligned or not first_seq <= self._next_seq or stored_end < first_seq:
+        from ``stored`` (the log as it is now) when given.
+
+        A realignment from ``first_seq`` that broke off (the log lost again under its
+        read) may be started over from the same seq, against the log as it is then."""
+        resumed = not self.aligned and self._realigning_from == first_seq
+        if (
+            not (self.aligned or resumed)
+            or not first_seq <= self._next_seq
+            or stored_end < first_seq
+        ):
             raise AlignmentError(
                 f"cannot realign at seq {first_seq} up to {stored_end}",
                 run_id=self.run_id,
@@ -196,7 +205,9 @@ class Aligner:
             )
         if stored is not None:
             self._stored = stored
-        self._forwarded -= self._next_seq - first_seq
+        if not resumed:
+            self._forwarded -= self._next_seq - first_seq
+        self._realigning_from = first_seq
         self._cursor = first_seq
         self._end = stored_end
         self._next_seq = stored_end + 1

@@ -184,9 +184,12 @@ class RunLog:
         refused. A return above ``epoch`` means a later attempt already owns it.
         """
         _positive("epoch", epoch, run_id)
-        # The first claim's fence makes the log; a later fence of a missing log finds
-        # it rebuilt from the source first (a takeover never starts from an empty log).
-        create = self.source is None or epoch == 1
+        # A fence never makes a log that has a source: a missing one is made by the
+        # rebuild, from Postgres, at Postgres's epoch, the first claim's included. An
+        # owner frozen between its claim and this fence may wake after its run was
+        # handed over and its log lost; made here, its empty log at its stale epoch
+        # would read as empty and refuse the real owner's appends.
+        create = self.source is None
         while True:
             with redis_errors(run_id, "fence"):
                 reply = self._fence(
@@ -382,6 +385,7 @@ class RunLog:
         out: list[tuple[int, Chunk]] = []
         cursor = after_seq
         state = self.state(run_id)
+        stalls = 0
         while True:
             with redis_errors(run_id, "snapshot"):
                 entries = self._redis.xrange(stream, f"(0-{cursor}", "+", count=self.page_size)
@@ -396,10 +400,11 @@ class RunLog:
                 # (it is then rebuilt, with the same seqs, and read on from the cursor).
                 if cursor >= state.last_seq or self.source is None:
                     break
-                refreshed = self.state(run_id)
-                if not refreshed.exists or cursor >= refreshed.last_seq or refreshed == state:
-                    break  # the end, or nothing changed since the last look
-                state = refreshed
+                stalls = 0 if page.chunks else stalls + 1
+                check_short_read(stalls, run_id, cursor)
+                state = self.state(run_id)
+                if not state.exists:
+                    break
         if not out and after_seq > 0 and not state.exists:
             raise LogGoneError("the log expired", run_id=run_id, reason="expired", offset=after_seq)
         return out
@@ -431,6 +436,23 @@ class RunLog:
                     return
             elif read_is_over(self.state(run_id), run_id, cursor):
                 return
+
+
+SHORT_READ_TRIES: Final = 50
+"""Looks at a log that reads short of its known end, lost again after every rebuild,
+before a snapshot gives up (LogUnavailableError): never a short or empty answer."""
+
+
+def check_short_read(stalls: int, run_id: str, cursor: int) -> None:
+    """A snapshot read short of the log's known end ``stalls`` times in a row, with no
+    chunk gained: past ``SHORT_READ_TRIES`` it is Redis failing, not the log's end."""
+    if stalls > SHORT_READ_TRIES:
+        raise LogUnavailableError(
+            f"the log kept being lost while it was read after seq {cursor}",
+            run_id=run_id,
+            reason="lost-under-read",
+            offset=cursor,
+        )
 
 
 def check_read_offset(state: LogState, run_id: str, after_seq: int) -> None:

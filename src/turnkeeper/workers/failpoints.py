@@ -8,7 +8,8 @@ too short to hit with a timer. The points:
 - ``after-prepare``: the journal made, its writer not started yet
   (``runner.spawn_journaled``);
 - ``after-sentinel``: the sentinel read, not stored yet;
-- ``sentinel-stored``: the sentinel stored, the turn not committed yet.
+- ``sentinel-stored``: the sentinel stored, the turn not committed yet;
+- ``settled``: the run settled, its final chunk not appended yet.
 
 ``TURNKEEPER_FAILPOINTS`` lists the points that fire, comma-separated, each with
 an optional mode after ``=``:
