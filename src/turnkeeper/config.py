@@ -204,6 +204,19 @@ class Settings(BaseSettings):
     requeue_after: float = Field(
         default=30.0, gt=0, description="Re-enqueue queued runs nobody claimed for this long."
     )
+    crash_detection: bool = Field(
+        default=True,
+        description="Hand a run over as soon as its owner's process dies (its owner lock "
+        "comes free), not only when its lease runs out.",
+    )
+    crash_sweep_interval: float = Field(
+        default=0.5, gt=0, description="How often the crash watcher looks at owner locks."
+    )
+    crash_grace: float = Field(
+        default=0.25,
+        ge=0,
+        description="How long an owner lock must stay free before its run is handed over.",
+    )
     max_attempts: int = Field(default=5, ge=1, le=100, description="Attempts before failing.")
     run_timeout: float = Field(default=3600.0, gt=0, description="Deadline of a run after admit.")
     max_continuations: int = Field(

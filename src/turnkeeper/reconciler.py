@@ -87,10 +87,7 @@ def reconcile(
         except TurnkeeperError as exc:  # settled already: the reaper closes its log
             log.warning("run.log_end_deferred", run_id=run.run_id, error=str(exc))
     handed = rt.store.hand_over_expired(BATCH)
-    for claim in handed:
-        _fence_log(rt, claim)
-        enqueue_takeover(claim.run_id, claim.attempt_id, claim.epoch)
-        log.info("takeover.enqueued", run_id=claim.run_id, epoch=claim.epoch)
+    send_takeovers(rt, handed, enqueue_takeover=enqueue_takeover, cause="lease")
     redispatched = rt.store.redispatch_takeovers(settings.requeue_after, BATCH)
     for claim in redispatched:
         enqueue_takeover(claim.run_id, claim.attempt_id, claim.epoch)
@@ -112,6 +109,21 @@ def reconcile(
     if handed or redispatched or failed or stale or rerouted:
         log.info("reconcile.done", **report.__dict__)
     return report
+
+
+def send_takeovers(
+    rt: WorkerRuntime,
+    handed: list[Claim],
+    *,
+    enqueue_takeover: Callable[[str, str, int], None],
+    cause: str,
+) -> None:
+    """After a handover (a lease that ran out, or an owner gone, ``turnkeeper.watcher``):
+    fence each run's log at its new epoch and send its takeover message."""
+    for claim in handed:
+        _fence_log(rt, claim)
+        enqueue_takeover(claim.run_id, claim.attempt_id, claim.epoch)
+        log.info("takeover.enqueued", run_id=claim.run_id, epoch=claim.epoch, cause=cause)
 
 
 def _fence_log(rt: WorkerRuntime, claim: Claim) -> None:

@@ -33,9 +33,20 @@ WORKERS = 3
 MAX_HITS = Settings.model_fields["max_attempts"].default - 2
 
 
+DEFAULT_LEASE: dict[str, Any] = {
+    name: Settings.model_fields[name].default
+    for name in ("lease_ttl", "heartbeat_interval", "reconcile_interval", "requeue_after")
+}
+"""The default lease with crash detection on: a killed owner's runs are handed over by
+its death, a frozen one's by nothing (each is woken before its lease runs out)."""
+
+
 @pytest.mark.slow
-def test_chaos(settings: Settings, tmp_path: Path) -> None:
-    fleet = Fleet.create(settings, tmp_path / "logs")
+@pytest.mark.parametrize("timing", ["short-lease", "default-lease"])
+def test_chaos(settings: Settings, tmp_path: Path, timing: str) -> None:
+    fleet = Fleet.create(
+        settings, tmp_path / "logs", **(DEFAULT_LEASE if timing != "short-lease" else {})
+    )
     rng = random.Random(20261130)
     try:
         workers = [fleet.start_worker(concurrency=2) for _ in range(WORKERS)]

@@ -59,6 +59,7 @@ def test_submit_prints_only_the_run_id_and_tail_json_is_the_log(
     assert set(info) >= {"owner", "lease_expires_at"}
     # The placement's host: the worker's TURNKEEPER_HOST_ID (its hostname by default).
     assert info["host"] == fleet.settings.host_id == default_host_id()
+    assert info["takeovers"] == {"crash": 0, "lease": 0}
 
     table = cli(fleet, "runs")
     assert "cli-1" in table.stdout

@@ -77,7 +77,8 @@ def test_submit_stream_status_transcript_metrics(
         metrics = admin.get("/metrics").text
     assert 'turnkeeper_runs{status="completed"} 1.0' in metrics
     assert 'turnkeeper_runs{status="running"} 0.0' in metrics
-    assert "turnkeeper_takeovers_total 0.0" in metrics
+    for cause in ("crash", "lease", "forced"):
+        assert f'turnkeeper_takeovers_total{{cause="{cause}"}} 0.0' in metrics
     assert f"turnkeeper_sse_events_total {float(len(oracle))}" in metrics
     assert http.get("/healthz").json() == {"status": "ok", "database": "ok", "redis": "ok"}
     assert "/runs/{run_id}/events" in http.get("/openapi.json").json()["paths"]
@@ -155,7 +156,10 @@ def test_reconnecting_client_sees_each_chunk_once_across_a_takeover(
     assert pings > 0  # the takeover left the stream idle long enough for keep-alives
     with web.http(api_keys.admin) as admin:
         metrics = admin.get("/metrics").text
-    assert "turnkeeper_takeovers_total 1.0" in metrics
+    # Its worker's death handed the run over, not its lease (``tests/driver/
+    # test_crash_takeover.py``).
+    assert 'turnkeeper_takeovers_total{cause="crash"} 1.0' in metrics
+    assert 'turnkeeper_takeovers_total{cause="lease"} 0.0' in metrics
     assert 'turnkeeper_attempts{outcome="superseded"} 1.0' in metrics
     renewals = re.search(r"^turnkeeper_lease_renewals_total (\S+)$", metrics, re.MULTILINE)
     assert renewals is not None

@@ -1,8 +1,9 @@
 """`turnkeeper demo`: a worker is killed mid-run and the run goes on, shown end to end.
 
 On the embedded servers (or the configured ones) it starts two workers, beat
-and the web app with a short lease, submits a scripted run, streams it over
-SSE into the terminal, SIGKILLs the worker that owns it, shows the takeover,
+and the web app, submits a scripted run, streams it over SSE into the terminal,
+SIGKILLs the worker that owns it, shows the takeover (crash detection hands the run
+over at once at the default lease; without it, the demo shortens the lease),
 and checks what the SSE client received against the stored log: every chunk
 once, no gaps. Exit 0 only when every check passes.
 """
@@ -38,7 +39,8 @@ from turnkeeper.web import create_app
 from turnkeeper.web.serve import BackgroundServer, free_port
 from turnkeeper.web.sse import parse_stream
 
-DEMO_TIMING = {"LEASE_TTL": "3", "HEARTBEAT_INTERVAL": "1", "RECONCILE_INTERVAL": "1"}
+SHORT_LEASE = {"LEASE_TTL": "3", "HEARTBEAT_INTERVAL": "1", "RECONCILE_INTERVAL": "1"}
+"""Without crash detection a takeover waits for the lease: the demo shortens it then."""
 # Chunks whose id must appear once in a run: a takeover that re-appended output would repeat them.
 _UNIQUE_BY = {
     "RUN_STARTED": "runId",
@@ -55,7 +57,9 @@ _UNIQUE_BY = {
 class Takeover:
     """What the watcher saw: the kill, then the new epoch on the database."""
 
+    lease_ttl: float
     killed_at: float | None = None
+    cause: str | None = None
     old_epoch: int | None = None
     new_epoch: int | None = None
     taken_at: float | None = None
@@ -71,7 +75,6 @@ def _start_fleet(settings: Settings, logs: Path) -> list[subprocess.Popen[bytes]
         TURNKEEPER_REDIS_URL=settings.require_redis_url(),
         TURNKEEPER_DATA_DIR=str(settings.data_dir.resolve()),
         TURNKEEPER_NAMESPACE=settings.namespace,
-        **{f"TURNKEEPER_{name}": value for name, value in DEMO_TIMING.items()},
         **sandbox_fallback(settings),
     )
     if settings.secret_file is not None:
@@ -101,10 +104,16 @@ def _watch_epoch(client: Client, run_id: str, takeover: Takeover) -> None:
     while not takeover.done.wait(0.05):
         if takeover.killed_at is None or takeover.taken_at is not None:
             continue
-        run = client.get(run_id)
-        if run is not None and takeover.old_epoch is not None and run.epoch > takeover.old_epoch:
-            takeover.new_epoch = run.epoch
-            takeover.taken_at = time.monotonic()
+        _look_at_epoch(client, run_id, takeover)
+
+
+def _look_at_epoch(client: Client, run_id: str, takeover: Takeover) -> None:
+    """Note the takeover once the run's epoch moved past the killed owner's."""
+    run = client.get(run_id)
+    if run is not None and takeover.old_epoch is not None and run.epoch > takeover.old_epoch:
+        takeover.new_epoch = run.epoch
+        takeover.taken_at = time.monotonic()
+        takeover.cause = ", ".join(client.store.takeovers_of(run_id)) or None
 
 
 def _kill_owner(
@@ -161,6 +170,8 @@ def _stream(
             received.append((int(event_id), chunk))
             if takeover.killed_at is not None and takeover.resumed_at is None:
                 takeover.resumed_at = time.monotonic()
+                if takeover.taken_at is None:  # the epoch watcher may not have looked yet
+                    _look_at_epoch(client, run_id, takeover)
                 renderer.close()
                 console.print(_takeover_line(takeover), highlight=False)
             renderer.render(chunk)
@@ -176,15 +187,20 @@ def _stream(
 
 def _takeover_line(takeover: Takeover) -> Text:
     assert takeover.killed_at is not None  # noqa: S101 - only called after the kill
-    resumed = (takeover.resumed_at or time.monotonic()) - takeover.killed_at
+    resumed = _ms((takeover.resumed_at or time.monotonic()) - takeover.killed_at)
     if takeover.taken_at is None:
-        return Text(f"⟳ output resumed {resumed:.1f}s after the kill", style="bold yellow")
-    taken = takeover.taken_at - takeover.killed_at
+        return Text(f"⟳ output resumed {resumed} after the kill", style="bold yellow")
+    taken = _ms(takeover.taken_at - takeover.killed_at)
     return Text(
-        f"⟳ takeover: epoch {takeover.old_epoch} → {takeover.new_epoch} {taken:.1f}s after the "
-        f"kill (lease {DEMO_TIMING['LEASE_TTL']}s); output resumed after {resumed:.1f}s",
+        f"⟳ takeover: epoch {takeover.old_epoch} → {takeover.new_epoch} {taken} after the "
+        f"kill (cause {takeover.cause or '?'}, lease {takeover.lease_ttl:g}s); "
+        f"output resumed after {resumed}",
         style="bold yellow",
     )
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
 
 
 def _report(
@@ -222,7 +238,8 @@ def demo(
     keep: Annotated[bool, typer.Option("--keep", help="Leave the stack up until Ctrl-C.")] = False,
 ) -> None:
     """A worker dies mid-run and the run goes on: takeover, no chunk lost or doubled."""
-    os.environ.update({f"TURNKEEPER_{k}": v for k, v in DEMO_TIMING.items()})
+    timing = {} if settings_from_env().crash_detection else SHORT_LEASE
+    os.environ.update({f"TURNKEEPER_{k}": v for k, v in timing.items()})
     settings = with_dev_secret(settings_from_env())
     with services(settings, start=True) as resolved:
         migration.upgrade(resolved.require_database_url())
@@ -235,12 +252,12 @@ def demo(
         # The demo's own key: the run belongs to it, and the API is called with it.
         key_name = f"demo-{uuid7().hex[-12:]}"
         key = client.store.create_key(key_name, admin=True)
-        takeover = Takeover()
+        takeover = Takeover(lease_ttl=resolved.lease_ttl)
         ok = False
         try:
             console.print(
                 f"turnkeeper demo: 2 workers, beat and the web app on {server.base_url} "
-                f"(lease {DEMO_TIMING['LEASE_TTL']}s; process logs in {logs})",
+                f"(lease {resolved.lease_ttl:g}s; process logs in {logs})",
                 highlight=False,
             )
             run_id = f"demo-{uuid7()}"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from celery.signals import worker_ready
 
 from turnkeeper import reconciler
 from turnkeeper.cli.context import console, fail, services, settings_from_env
@@ -24,8 +25,9 @@ from turnkeeper.sandbox.readiness import check_provider
 from turnkeeper.secret import ServerSecret, make_undumpable
 from turnkeeper.store.store import Store
 from turnkeeper.tasks import control_queue, create_app, enqueuers, host_queue, turns_queue
+from turnkeeper.watcher import start_watcher
 from turnkeeper.workers.beacon import is_worker_command
-from turnkeeper.workers.runtime import WorkerRuntime
+from turnkeeper.workers.runtime import WorkerRuntime, runtime_for
 
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
@@ -125,6 +127,16 @@ def beat(ctx: typer.Context) -> None:
             "-s", str(resolved.data_dir / "beat-schedule"),
             "--loglevel", resolved.log_level,
         ]  # fmt: skip
+        # The crash watcher is a loop beside the control worker (the solo pool runs tasks
+        # in this process), not a task: see docs/architecture.md, "Crash detection". It
+        # starts once the worker is ready, after Celery forked the embedded beat, so that
+        # no other process shares its connection.
+        enqueue_takeover = enqueuers(app, resolved)["enqueue_takeover"]
+        worker_ready.connect(
+            lambda **_: start_watcher(resolved, runtime_for(resolved), enqueue_takeover),
+            weak=False,
+            dispatch_uid="turnkeeper-crash-watcher",
+        )
         app.worker_main(["worker", "-B", *_celery_argv(defaults, list(ctx.args))])
 
 

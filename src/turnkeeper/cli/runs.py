@@ -129,11 +129,13 @@ def status(
         run = client.require(run_id)
         journal = client.store.get_turn_slot(run_id)
         info = describe(run, journal.phase.value if journal else None)
+        info["takeovers"] = takeover_counts(client.store.takeovers_of(run_id))
     if as_json:
         print(json.dumps(info))
         return
     for key, value in info.items():
-        console.print(f"{key:<17} {value if value is not None else '-'}", highlight=False)
+        shown = ", ".join(f"{k} {n}" for k, n in value.items()) if key == "takeovers" else value
+        console.print(f"{key:<17} {shown if shown is not None else '-'}", highlight=False)
 
 
 def describe(run: Run, phase: str | None) -> dict[str, Any]:
@@ -157,6 +159,15 @@ def describe(run: Run, phase: str | None) -> dict[str, Any]:
         "finished_at": iso(run.finished_at),
         "error": run.error,
     }
+
+
+def takeover_counts(by_cause: dict[str, int]) -> dict[str, int]:
+    """How often the run was handed over, by cause: always crash and lease, forced
+    when an operator forced one."""
+    shown = {"crash": by_cause.get("crash", 0), "lease": by_cause.get("lease", 0)}
+    if by_cause.get("forced"):
+        shown["forced"] = by_cause["forced"]
+    return shown
 
 
 def cancel(run_id: str) -> None:

@@ -122,6 +122,11 @@ def _own(runtime: WorkerRuntime, claim: Claim, *, fresh: bool) -> None:
         on_renewed=lambda: runtime.log.count(LEASE_RENEWALS),
     ).start()
     ownership = Ownership(runtime.store, claim, keeper.lost, settings.lease_ttl)
+    # While this process lives and drives the run, it holds the run's owner lock: its
+    # death hands the run over at once (docs/architecture.md, "Crash detection").
+    owner_locks = runtime.owner_locks()
+    if owner_locks is not None:
+        owner_locks.hold(claim)
     try:
         # From here on, every append of an earlier attempt is refused by Redis itself.
         # Retried while the lease is held: a Redis down now must not cost the attempt.
@@ -148,6 +153,8 @@ def _own(runtime: WorkerRuntime, claim: Claim, *, fresh: bool) -> None:
         _fail(runtime, claim, exc)
     finally:
         keeper.stop()
+        if owner_locks is not None:
+            owner_locks.release(claim)
 
 
 def _fail(runtime: WorkerRuntime, claim: Claim, exc: TurnkeeperError) -> None:

@@ -154,6 +154,20 @@ class OwnershipMixin(StoreBase):
             )
         return claims
 
+    def mark_owner_locked(self, claim: Claim) -> Verdict:
+        """Record that ``claim``'s owner took the run's owner lock: from now on the
+        crash watcher hands the run over as soon as the lock comes free for good
+        (docs/architecture.md, "Crash detection")."""
+        check_claim(claim)
+        params = {"run_id": claim.run_id, "attempt_id": claim.attempt_id}
+        return self._owner_write("mark_owner_locked", q.MARK_OWNER_LOCKED, params, claim)
+
+    def takeovers_of(self, run_id: str) -> dict[str, int]:
+        """How many times the run was handed over, by cause (crash, lease, forced)."""
+        check_id(run_id, "run_id")
+        rows = self._db.rows("takeovers_of", q.TAKEOVERS_OF_RUN, {"run_id": run_id}, run_id=run_id)
+        return {str(r["cause"] or "lease"): int(r["takeovers"]) for r in rows}
+
     def adopt_attempt(
         self, run_id: str, attempt_id: str, owner: str, lease_ttl: float
     ) -> Claim | None:

@@ -30,6 +30,14 @@ ENTRY_COLUMNS = (
 )
 
 
+# The owner lock of a run is a session-level advisory lock in the two-int key space
+# (which never overlaps the one-bigint space of LOCK_SESSION and the migration lock):
+# this first key, and the 32-bit hashtext of the run id. Two running runs may share a
+# key; only one owner then takes it, and the other run's attempt is never marked as
+# locked, so it is never watched and is left to its lease.
+OWNER_LOCK_SPACE = 1953198444  # "tkol"
+
+
 def _q(prefix: str, columns: str) -> str:
     return ", ".join(f"{prefix}.{c.strip()}" for c in columns.split(","))
 
@@ -53,6 +61,7 @@ _FRAGMENTS = {
     "seen_since": "now() - make_interval(secs => CAST(:dead_after AS double precision))",
     "owned_slot": _OWNED_SLOT,
     "key_columns": KEY_COLUMNS,
+    "lock_space": str(OWNER_LOCK_SPACE),
     # A run's payload without its sealed env: what idempotency compares, and what a
     # settled run keeps (turnkeeper.envelope).
     "unsealed": "#- '{env,sealed}'",
@@ -171,7 +180,7 @@ WITH replaced AS (
         revision = j.revision + 1, updated_at = now()
     FROM replaced WHERE j.run_id = replaced.run_id
 ), ended AS (
-    UPDATE attempts a SET ended_at = now(), outcome = 'superseded'
+    UPDATE attempts a SET ended_at = now(), outcome = 'superseded', handover_cause = 'forced'
     FROM replaced
     WHERE a.run_id = replaced.run_id AND a.attempt_id = :expected_attempt_id
       AND a.ended_at IS NULL
@@ -205,12 +214,99 @@ WITH candidates AS (
         revision = j.revision + 1, updated_at = now()
     FROM handed WHERE j.run_id = handed.run_id
 ), ended AS (
-    UPDATE attempts a SET ended_at = now(), outcome = 'superseded'
+    UPDATE attempts a SET ended_at = now(), outcome = 'superseded', handover_cause = 'lease'
     FROM handed
     WHERE a.run_id = handed.run_id AND a.attempt_id = handed.old_attempt_id
       AND a.ended_at IS NULL
 )
 SELECT run_id, attempt_id, epoch FROM handed ORDER BY run_id
+""")
+
+# --- owner locks (docs/architecture.md, "Crash detection") --------------------------------
+
+# The owner lock of a run: see OWNER_LOCK_SPACE.
+
+# The owner locks of the runs a worker process drives that it still owns, taken on its
+# lock session; the ones taken come back. CASE keeps a lock from being tried for a run
+# that moved on.
+TAKE_OWNER_LOCKS = _sql("""
+SELECT t.run_id FROM unnest(CAST(:run_ids AS text[]), CAST(:attempt_ids AS text[]))
+    AS t(run_id, attempt_id)
+WHERE CASE WHEN EXISTS (
+        SELECT 1 FROM runs r
+        WHERE r.run_id = t.run_id AND r.attempt_id = t.attempt_id AND r.status = 'running')
+    THEN pg_try_advisory_lock($lock_space, hashtext(t.run_id)) ELSE false END
+""")
+
+RELEASE_OWNER_LOCK = _sql("SELECT pg_advisory_unlock($lock_space, hashtext(:run_id)) AS released")
+
+# This attempt's owner holds the run's owner lock: from now on, the lock coming free
+# means the owner is gone.
+MARK_OWNER_LOCKED = text("""
+UPDATE runs SET lock_attempt_id = :attempt_id
+WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
+RETURNING run_id
+""")
+
+# One page of the watched runs (running, their attempt's owner took the lock), each with
+# whether its owner lock is held now. The watcher's session takes a free lock and gives
+# it back within the same row, so it holds none of them after the statement.
+WATCHED_OWNERS = _sql("""
+WITH watched AS MATERIALIZED (
+    SELECT run_id, attempt_id, seq FROM runs
+    WHERE status = 'running' AND lock_attempt_id = attempt_id AND seq > :after_seq
+    ORDER BY seq
+    LIMIT :limit
+)
+SELECT run_id, attempt_id, seq,
+    CASE WHEN pg_try_advisory_lock($lock_space, hashtext(run_id))
+         THEN NOT pg_advisory_unlock($lock_space, hashtext(run_id))
+         ELSE true END AS held
+FROM watched
+ORDER BY seq
+""")
+
+# The crash handover: like HAND_OVER_EXPIRED, but for the given attempts whose owner
+# lock is free, checked again here under a transaction lock held until the handover
+# commits, so an owner that takes its lock back meanwhile is never handed over.
+HAND_OVER_ABSENT = _sql("""
+WITH free AS MATERIALIZED (
+    SELECT t.run_id, t.attempt_id
+    FROM unnest(CAST(:run_ids AS text[]), CAST(:attempt_ids AS text[])) AS t(run_id, attempt_id)
+    WHERE pg_try_advisory_xact_lock($lock_space, hashtext(t.run_id))
+), candidates AS (
+    SELECT r.run_id, r.attempt_id FROM runs r
+    JOIN free f ON r.run_id = f.run_id AND r.attempt_id = f.attempt_id
+    WHERE r.status = 'running' AND r.lock_attempt_id = r.attempt_id
+      AND r.lease_expires_at IS NOT NULL
+      AND r.attempt_count < r.max_attempts AND (r.deadline IS NULL OR r.deadline > now())
+      AND r.cancel_requested_at IS NULL
+    ORDER BY r.seq
+    FOR UPDATE OF r SKIP LOCKED
+), handed AS (
+    UPDATE runs r SET attempt_id = replace(CAST(gen_random_uuid() AS text), '-', ''),
+        epoch = r.epoch + 1, owner = NULL, lease_expires_at = NULL,
+        handed_over_at = now(), dispatched_at = now(), updated_at = now()
+    FROM candidates c WHERE r.run_id = c.run_id
+    RETURNING r.run_id, r.attempt_id, r.epoch, c.attempt_id AS old_attempt_id
+), slot AS (
+    UPDATE turn_slots j SET attempt_id = handed.attempt_id,
+        revision = j.revision + 1, updated_at = now()
+    FROM handed WHERE j.run_id = handed.run_id
+), ended AS (
+    UPDATE attempts a SET ended_at = now(), outcome = 'superseded', handover_cause = 'crash'
+    FROM handed
+    WHERE a.run_id = handed.run_id AND a.attempt_id = handed.old_attempt_id
+      AND a.ended_at IS NULL
+)
+SELECT run_id, attempt_id, epoch FROM handed ORDER BY run_id
+""")
+
+# How often a run was handed over, by cause.
+TAKEOVERS_OF_RUN = text("""
+SELECT handover_cause AS cause, count(*) AS takeovers FROM attempts
+WHERE run_id = :run_id AND outcome = 'superseded'
+GROUP BY handover_cause
 """)
 
 # The adoption: a compare-and-set on the attempt the run was handed to. Only one

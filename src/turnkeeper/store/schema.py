@@ -23,6 +23,7 @@ _TS = sa.TIMESTAMP(timezone=True)
 _NOW = sa.text("now()")
 
 RUN_STATUSES = ("queued", "running", "completed", "failed", "aborted")
+HANDOVER_CAUSES = ("crash", "lease", "forced")
 TURN_PHASES = ("before_provider", "provider_started", "tool_request_recorded", "committed")
 
 
@@ -87,6 +88,10 @@ runs = sa.Table(
     # Set while a running run waits for a worker to adopt its new attempt (the
     # reconciler handed it over): no lease runs and no attempt is counted meanwhile.
     sa.Column("handed_over_at", _TS, nullable=True),
+    # The attempt whose owner took the run's owner lock (an advisory lock its worker
+    # process holds while it lives): only such a run is watched for its owner's death
+    # (docs/architecture.md, "Crash detection").
+    sa.Column("lock_attempt_id", sa.Text, nullable=True),
     # The tenant: the key that submitted the run (NULL: a trusted client on its own behalf).
     sa.Column("key_name", sa.Text, sa.ForeignKey("api_keys.name"), nullable=True),
     # The host whose worker started the run's current agent process (the placement
@@ -170,6 +175,10 @@ attempts = sa.Table(
     sa.Column("started_at", _TS, nullable=False, server_default=_NOW),
     sa.Column("ended_at", _TS, nullable=True),
     sa.Column("outcome", sa.Text, nullable=True),
+    # Why a superseded attempt was handed over: its owner died (crash), its lease ran
+    # out (lease), or an operator forced it (forced).
+    sa.Column("handover_cause", sa.Text, nullable=True),
+    sa.CheckConstraint(_one_of("handover_cause", HANDOVER_CAUSES), name="handover_cause"),
 )
 
 turn_slots = sa.Table(

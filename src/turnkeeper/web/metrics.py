@@ -11,9 +11,11 @@ What the store records is read on every scrape too:
 
 - ``turnkeeper_runs{status}``: runs per status (gauge);
 - ``turnkeeper_attempts{outcome}``: attempts per outcome (``running`` for open ones);
-- ``turnkeeper_takeovers_total``: attempts superseded by a takeover, i.e. how
-  many times the reconciler handed a run to a new epoch (each one also fenced
-  the log, so it bounds the appends that could have been refused);
+- ``turnkeeper_takeovers_total{cause}``: attempts superseded by a takeover, i.e.
+  how many times a run was handed to a new epoch (each one also fenced the log, so
+  it bounds the appends that could have been refused), by why: ``crash`` (the crash
+  watcher saw the owner's process die), ``lease`` (the reconciler saw its lease run
+  out) or ``forced`` (an operator's handoff);
 - ``turnkeeper_expired_leases``: running runs whose lease has expired now, on
   the database clock (takeovers waiting for the reconciler);
 - ``turnkeeper_max_epoch``: the highest epoch of any unsettled run.
@@ -39,6 +41,7 @@ from turnkeeper.errors import TurnkeeperError
 from turnkeeper.log import RunLog
 from turnkeeper.store import schema
 from turnkeeper.store.records import RunStatus
+from turnkeeper.store.schema import HANDOVER_CAUSES
 
 log = structlog.get_logger(__name__)
 
@@ -74,6 +77,14 @@ class StoreCollector(Collector):
                 by_outcome: dict[str, int] = dict(
                     conn.execute(sa.select(outcome, sa.func.count()).group_by(outcome)).all()
                 )
+                superseded = attempts.c.outcome == "superseded"
+                by_cause: dict[str | None, int] = dict(
+                    conn.execute(
+                        sa.select(attempts.c.handover_cause, sa.func.count())
+                        .where(superseded)
+                        .group_by(attempts.c.handover_cause)
+                    ).all()
+                )
                 expired = conn.execute(
                     sa.select(sa.func.count()).where(
                         runs.c.status == RunStatus.RUNNING.value,
@@ -96,11 +107,16 @@ class StoreCollector(Collector):
         for name, count in sorted(by_outcome.items()):
             per_outcome.add_metric([str(name)], count)
         yield per_outcome
-        yield CounterMetricFamily(
+        takeovers = CounterMetricFamily(
             "turnkeeper_takeovers",
-            "Attempts superseded by a takeover (new attempt, epoch + 1).",
-            value=by_outcome.get("superseded", 0),
+            "Attempts superseded by a takeover (new attempt, epoch + 1), by cause.",
+            labels=["cause"],
         )
+        for cause in HANDOVER_CAUSES:
+            # A superseded attempt without a cause predates causes: the lease's.
+            count = by_cause.get(cause, 0) + (by_cause.get(None, 0) if cause == "lease" else 0)
+            takeovers.add_metric([cause], count)
+        yield takeovers
         yield GaugeMetricFamily(
             "turnkeeper_expired_leases",
             "Running runs whose lease expired (database clock), awaiting takeover.",

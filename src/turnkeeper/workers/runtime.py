@@ -24,8 +24,10 @@ from turnkeeper.log import RunLog
 from turnkeeper.sandbox.factory import at_least_as_strong, provider_for
 from turnkeeper.sandbox.provider import SandboxProvider
 from turnkeeper.secret import ServerSecret
+from turnkeeper.store.session import OwnerLockSession
 from turnkeeper.store.store import Store
 from turnkeeper.workers.beacon import HostBeacon
+from turnkeeper.workers.owner_locks import OwnerLocks
 
 log = structlog.get_logger(__name__)
 
@@ -54,6 +56,8 @@ class WorkerRuntime:
                     main_pid=main_pid,
                     hand_over=self.hand_over,
                 ).start()
+
+    _owner_locks: OwnerLocks | None = None
 
     @classmethod
     def open(cls, settings: Settings) -> WorkerRuntime:
@@ -113,9 +117,26 @@ class WorkerRuntime:
                 self._sealer = EnvSealer(secret)
             return self._sealer
 
+    def owner_locks(self) -> OwnerLocks | None:
+        """This process's owner locks (one session for all its runs), None without crash
+        detection."""
+        if not self.settings.crash_detection:
+            return None
+        with self._lock:
+            if self._owner_locks is None:
+                session = OwnerLockSession(
+                    self.settings.require_database_url(),
+                    owner=self.owner,
+                    lease_ttl=self.settings.lease_ttl,
+                )
+                self._owner_locks = OwnerLocks(self.store, session)
+            return self._owner_locks
+
     def close(self) -> None:
         if self._beacon is not None:
             self._beacon.stop()
+        if self._owner_locks is not None:
+            self._owner_locks.close()
         self.store.close()
         self.log.client.close()
 
