@@ -1,0 +1,96 @@
+"""Faults of a fleet on many hosts, simulated on this machine as in ``test_hosts``: a
+host cut off for longer than ``host_dead_after`` that comes back.
+
+A partition is a worker stopped with SIGSTOP: it neither beats nor renews its lease,
+while its agent (a session of its own) lives on, as behind a cut cable.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tests.driver.test_hosts import (
+    HOST_DEAD_AFTER,
+    LONG,
+    PROMPT,
+    MakeHost,
+    _host_of,
+    make_host,
+)
+from tests.driver.test_sandbox_loss import _wait_for_chunks
+from turnkeeper.store.records import RunStatus
+
+__all__ = ["make_host"]  # the fixture, used by name
+
+ENDLESS: dict[str, Any] = {**LONG, "turns": 40}
+"""About a thousand lines, 0.3 s apart: it outlives the whole test on its own."""
+
+
+def _agents_under(root: Path) -> list[int]:
+    """The processes working in ``root`` (a sandbox's agents)."""
+    pids = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if Path(proc.cwd()).is_relative_to(root):
+                pids.append(proc.pid)
+        except (psutil.Error, OSError, ValueError):
+            continue
+    return pids
+
+
+def test_a_host_back_from_a_partition_ends_the_agent_its_run_left_behind(
+    make_host: MakeHost,
+) -> None:
+    """Host A is cut off (its worker stopped) past ``host_dead_after``: the run goes on
+    on B in a sandbox of B's own. When A comes back, its stale attempt is fenced, and
+    A ends the agent still working in its superseded sandbox at its next reap, not an
+    ``orphan_ttl`` later: two agents must not do the run's work. B's sandbox and the
+    run's new state are untouched."""
+    a = make_host("host-a", host_dead_after=HOST_DEAD_AFTER)
+    b = make_host("host-b", host_dead_after=HOST_DEAD_AFTER)
+    a.start_worker(concurrency=2)
+    a.wait_ready()
+    run = a.client.submit(ENDLESS, PROMPT)
+    owned = _wait_for_chunks(a, run.run_id, 10)
+    assert owned.sandbox_ref is not None
+    old_root = Path(owned.sandbox_ref["sandbox"]["root"])
+    b.start_worker()
+    b.start_beat()
+    b.wait_ready()
+
+    pgid = a.signal_worker_of(owned, signal.SIGSTOP)
+    moved = b.wait(
+        run.run_id,
+        lambda r: r.sandbox_host == "host-b" and r.owner is not None,
+        240,
+        "continued on host-b",
+    )
+    assert moved.owner is not None
+    assert _host_of(moved.owner) == "host-b"
+    assert _agents_under(old_root), "A's agent lived through the partition"
+    os.killpg(pgid, signal.SIGCONT)  # the partition heals
+
+    deadline = time.monotonic() + 120  # a hang guard: A reaps every reap_interval (5 s)
+    while _agents_under(old_root):
+        assert time.monotonic() < deadline, (a.dump_logs(), b.dump_logs())
+        time.sleep(0.2)
+    assert not old_root.exists()
+
+    now = b.client.require(run.run_id)
+    assert now.status is RunStatus.RUNNING, (now.error, b.dump_logs())
+    assert (now.attempt_id, now.epoch, now.sandbox_host) == (
+        moved.attempt_id,
+        moved.epoch,
+        "host-b",
+    )
+    assert now.sandbox_ref is not None
+    assert [j.get("lost") for j in now.sandbox_ref["journals"]] == ["sandbox-lost", None]
+    new_root = Path(now.sandbox_ref["sandbox"]["root"])
+    assert new_root.exists()
+    assert _agents_under(new_root), "B's continuation runs on"
