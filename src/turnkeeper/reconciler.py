@@ -240,7 +240,9 @@ def _sweep(rt: WorkerRuntime) -> int:
 
 
 def _reap_orphans(rt: WorkerRuntime) -> int:
-    """Local sandbox directories that no unsettled run references, older than the TTL.
+    """Local sandbox directories that no unsettled run references: at once when a run
+    has moved on from it (``superseded_sandboxes``: a host back from a partition finds
+    the agent its run left behind still working), else once older than the TTL.
 
     Fails closed: a directory whose age cannot be read, or that any unsettled run
     points at, is kept.
@@ -249,16 +251,19 @@ def _reap_orphans(rt: WorkerRuntime) -> int:
     if not root.is_dir():
         return 0
     keep = {ref.id for ref in map(_sandbox_ref, rt.store.unsettled_sandbox_refs()) if ref}
+    superseded = rt.store.superseded_sandboxes(rt.settings.orphan_ttl) - keep
     cutoff = time.time() - rt.settings.orphan_ttl
     removed = 0
     for entry in root.iterdir():
         if not entry.is_dir() or entry.name in keep:
             continue
         try:
-            if entry.stat().st_mtime > cutoff:
+            if entry.name not in superseded and entry.stat().st_mtime > cutoff:
                 continue
         except OSError:
             continue
+        if entry.name in superseded:
+            log.info("reap.superseded", sandbox=entry.name, host=rt.settings.host_id)
         ref = SandboxRef(provider=rt.settings.sandbox_provider, id=entry.name, root=str(entry))
         try:
             rt.provider().destroy(ref)

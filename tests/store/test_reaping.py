@@ -77,6 +77,39 @@ def test_unsettled_sandbox_refs_are_what_the_reaper_must_keep(store: Store) -> N
     assert store.unsettled_sandbox_refs() == [_ref("r2")]
 
 
+def _moved(sandboxes: list[str]) -> dict[str, object]:
+    """A placement whose agent processes ran in ``sandboxes`` in turn, the last its own."""
+    return {
+        "sandbox": {"provider": "local", "id": sandboxes[-1]},
+        "journals": [
+            {"ref": {"provider": "local", "id": sid}, "process": 1, "run_id": "r"}
+            for sid in sandboxes
+        ],
+        "host": "host-b",
+    }
+
+
+def test_superseded_sandboxes_are_those_a_run_moved_on_from(store: Store) -> None:
+    """A run continued on another host names its first sandbox in its first journal
+    only: that one is superseded, the run's own never is, nor are runs settled long ago."""
+    moved = claimed(store, "moved", "s1")
+    stayed = claimed(store, "stayed", "s2")
+    settled = claimed(store, "settled", "s3")
+    old = claimed(store, "old", "s4")
+    assert store.record_sandbox(moved, _moved(["a1", "b1"])) is Verdict.DONE
+    assert store.record_sandbox(stayed, _moved(["a2", "a2"])) is Verdict.DONE
+    assert store.record_sandbox(settled, _moved(["a3", "b3"])) is Verdict.DONE
+    assert store.record_sandbox(old, _moved(["a4", "b4"])) is Verdict.DONE
+    assert store.settle_run(settled, "completed") is Verdict.DONE
+    assert store.forget_sandbox("settled")  # reaped: its journals stay
+    assert store.settle_run(old, "completed") is Verdict.DONE
+    assert store.superseded_sandboxes(3600) == {"a1", "a3", "a4"}
+    time.sleep(0.2)
+    assert store.superseded_sandboxes(0.1) == {"a1"}
+    with pytest.raises(InvalidInputError):
+        store.superseded_sandboxes(-1)
+
+
 @pytest.mark.parametrize("limit", [0, -1, True, 1.5, "3"])
 def test_runs_to_reap_refuses_bad_limits_before_any_sql(store: Store, limit: object) -> None:
     with pytest.raises(InvalidInputError):

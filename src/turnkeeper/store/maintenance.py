@@ -106,6 +106,14 @@ class MaintenanceMixin(StoreBase):
         """The sandbox references of queued and running runs: what the reaper must keep."""
         return [r["sandbox_ref"] for r in self._db.rows("unsettled", q.UNSETTLED_SANDBOX_REFS, {})]
 
+    def superseded_sandboxes(self, within: float) -> set[str]:
+        """The ids of sandboxes that runs (unsettled, or settled within ``within``
+        seconds) ran an agent process in and have moved on from: nothing will read
+        them again, and an agent still running there does the run's work twice."""
+        params = {"within": check_seconds(within, "within")}
+        rows = self._db.rows("superseded_sandboxes", q.SUPERSEDED_SANDBOXES, params)
+        return {str(r["sandbox_id"]) for r in rows}
+
     def prune_settled(self, older_than: float, limit: int) -> int:
         """Delete segments and turn slots of up to ``limit`` runs settled
         more than ``older_than`` seconds ago; returns how many runs were pruned.

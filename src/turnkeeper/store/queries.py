@@ -743,6 +743,22 @@ SELECT sandbox_ref FROM runs
 WHERE status IN ('queued', 'running') AND sandbox_ref IS NOT NULL
 """)
 
+# The sandboxes runs have moved on from: each journal of a placement names the sandbox
+# its agent process ran in, and one that is not the run's sandbox any more was left
+# behind (a takeover on another host found it lost and continued in a sandbox of its
+# own). Not the last journal's either: the run's own, still named once a reap forgot
+# its sandbox. Unsettled runs, and those settled within ``:within`` (an orphan's TTL).
+SUPERSEDED_SANDBOXES = text("""
+SELECT DISTINCT j -> 'ref' ->> 'id' AS sandbox_id
+FROM runs r, jsonb_array_elements(r.sandbox_ref -> 'journals') AS j
+WHERE jsonb_typeof(r.sandbox_ref -> 'journals') = 'array'
+  AND (r.status IN ('queued', 'running')
+       OR r.finished_at > now() - make_interval(secs => CAST(:within AS double precision)))
+  AND j -> 'ref' ->> 'id' IS NOT NULL
+  AND j -> 'ref' ->> 'id' IS DISTINCT FROM r.sandbox_ref -> 'sandbox' ->> 'id'
+  AND j -> 'ref' ->> 'id' IS DISTINCT FROM r.sandbox_ref -> 'journals' -> -1 -> 'ref' ->> 'id'
+""")
+
 PRUNE_SETTLED = _sql("""
 WITH batch AS (
     SELECT run_id FROM runs
