@@ -184,7 +184,8 @@ def _register_tasks(app: Celery, settings: Settings, *, announce: bool) -> None:
 
     @app.task(name=REAP, shared=False)
     def reap() -> None:
-        """The fleet's share here, then each live host its own, on its queue."""
+        """The fleet's share here, then each live host its own, on its queue; and the
+        queues of dead hosts emptied."""
         runtime = runtime_for(settings)
         reconciler.reap_fleet(runtime)
         for host in runtime.store.live_hosts(settings.host_dead_after):
@@ -196,6 +197,8 @@ def _register_tasks(app: Celery, settings: Settings, *, announce: bool) -> None:
                 host_queue(settings, host),
                 expires=settings.reap_interval * 2,
             )
+        for host in runtime.store.dead_hosts(settings.host_dead_after, reconciler.BATCH):
+            _empty_dead_host_queue(app, settings, host)
 
     @app.task(name=REAP_HOST, shared=False)
     def reap_host(host_id: str) -> None:
@@ -222,6 +225,23 @@ def _register_tasks(app: Celery, settings: Settings, *, announce: bool) -> None:
         open_after_fork, weak=False, dispatch_uid=f"turnkeeper-open-{hash(settings)}-{announce}"
     )
     worker_process_shutdown.connect(close_on_shutdown, weak=False, dispatch_uid="turnkeeper-close")
+
+
+def _empty_dead_host_queue(app: Celery, settings: Settings, host: str) -> None:
+    """Drop what waits in a dead host's queue: nobody consumes it, and a broker keeps an
+    expired message until a consumer takes it, so without this every host that ever
+    died would hold its last messages for good. Each was only a trigger: its takeovers
+    are sent on by the reconciler (``takeovers_of_dead_hosts``), whatever the queue
+    holds, and a host that comes back is sent its next ``reap_host``."""
+    queue = host_queue(settings, host)
+    with app.connection_for_write() as conn:
+        try:
+            dropped = Queue(queue).bind(conn.default_channel).purge()
+        except (*conn.connection_errors, *conn.channel_errors) as exc:  # none declared yet
+            log.info("host.queue_not_emptied", host=host, error=str(exc))
+            return
+    if dropped:
+        log.info("host.queue_emptied", host=host, messages=dropped)
 
 
 def close_on_shutdown(**_: Any) -> None:

@@ -54,6 +54,12 @@ class HostsMixin(StoreBase):
         rows = self._db.rows("live_hosts", q.LIVE_HOSTS, {"dead_after": _dead(dead_after)})
         return [str(r["host_id"]) for r in rows]
 
+    def dead_hosts(self, dead_after: float, limit: int) -> list[str]:
+        """Hosts the store knows, none of whose workers was seen within ``dead_after``
+        seconds; those that died last first."""
+        params = {"dead_after": _dead(dead_after), "limit": check_limit(limit)}
+        return [str(r["host_id"]) for r in self._db.rows("dead_hosts", q.DEAD_HOSTS, params)]
+
     def drain_workers(
         self, host_id: str, dead_after: float, hand_over_after: float
     ) -> list[Worker]:

@@ -809,6 +809,13 @@ LIVE_HOSTS = _sql("""
 SELECT DISTINCT host_id FROM workers WHERE last_seen > $seen_since ORDER BY host_id
 """)
 
+# Hosts none of whose workers was seen within dead_after, the last seen first.
+DEAD_HOSTS = _sql("""
+SELECT host_id FROM workers GROUP BY host_id HAVING max(last_seen) <= $seen_since
+ORDER BY max(last_seen) DESC, host_id
+LIMIT :limit
+""")
+
 DRAIN_WORKERS = _sql("""
 UPDATE workers SET draining_at = COALESCE(draining_at, now()),
     hand_over_at = now() + make_interval(secs => CAST(:hand_over_after AS double precision))
