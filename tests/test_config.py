@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import re
+import socket
 from pathlib import Path
 
 import pytest
 
-from turnkeeper.config import Settings, load_settings, plain_postgres_url, sqlalchemy_postgres_url
+from turnkeeper.config import (
+    Settings,
+    default_host_id,
+    load_settings,
+    plain_postgres_url,
+    sqlalchemy_postgres_url,
+)
 from turnkeeper.errors import ConfigError, TurnkeeperError
 
 
@@ -210,3 +218,27 @@ def test_sandbox_settings_parse_sizes_and_lists() -> None:
     ):
         with pytest.raises(ConfigError, match=needle):
             load_settings(**bad)
+
+
+@pytest.mark.parametrize(
+    ("hostnames", "why"),
+    [
+        (("worker-" + "x" * 60 + "-1", "worker-" + "x" * 60 + "-2"), "past 64 characters"),
+        (("web+1", "web-1"), "a character a queue name refuses"),
+        (("wéb", "wèb"), "letters a queue name refuses"),
+    ],
+)
+def test_distinct_hostnames_make_distinct_host_ids(
+    monkeypatch: pytest.MonkeyPatch, hostnames: tuple[str, str], why: str
+) -> None:
+    """Two hosts sharing one host id would each take the other's takeovers and find
+    its sandboxes lost: the default host id keeps hostnames apart, valid as queue names."""
+    ids = []
+    for name in hostnames:
+        monkeypatch.setattr(socket, "gethostname", lambda name=name: name)
+        host_id = default_host_id()
+        assert re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", host_id), host_id
+        ids.append(host_id)
+    assert ids[0] != ids[1], why
+    monkeypatch.setattr(socket, "gethostname", lambda: "web-1.internal")
+    assert default_host_id() == "web-1.internal", "a valid hostname is kept as it is"
