@@ -6,6 +6,7 @@ passed down; no other module reads the environment.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import re
 import socket
@@ -134,9 +135,16 @@ def parse_egress_allowlist(entries: str | Iterable[str]) -> tuple[str, ...]:
 
 
 def default_host_id() -> str:
-    """This machine's hostname, in the characters a queue name allows."""
-    name = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:64]
-    return name or "localhost"
+    """This machine's hostname, in the characters a queue name allows. A hostname that
+    had to be changed (too long, or other characters) gets a digest of itself, so two
+    hosts never share a host id: each would take the other's takeovers and find its
+    sandboxes lost."""
+    hostname = socket.gethostname()
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", hostname)
+    if name == hostname and 0 < len(name) <= 64:
+        return name
+    digest = hashlib.sha256(hostname.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    return f"{name[:51]}-{digest}" if name else f"localhost-{digest}"
 
 
 def plain_postgres_url(url: str) -> str:
