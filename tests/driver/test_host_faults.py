@@ -1,5 +1,6 @@
 """Faults of a fleet on many hosts, simulated on this machine as in ``test_hosts``: a
-host cut off for longer than ``host_dead_after`` that comes back.
+host whose one live worker is busy, and a host cut off for longer than
+``host_dead_after`` that comes back.
 
 A partition is a worker stopped with SIGSTOP: it neither beats nor renews its lease,
 while its agent (a session of its own) lives on, as behind a cut cable.
@@ -20,6 +21,9 @@ from tests.driver.test_hosts import (
     LONG,
     PROMPT,
     MakeHost,
+    _assert_one_agent_process,
+    _assert_oracle,
+    _attempts,
     _host_of,
     make_host,
 )
@@ -42,6 +46,49 @@ def _agents_under(root: Path) -> list[int]:
         except (psutil.Error, OSError, ValueError):
             continue
     return pids
+
+
+def test_a_takeover_waits_for_the_busy_worker_of_its_host_and_spends_nothing(
+    make_host: MakeHost, tmp_path: Path
+) -> None:
+    """Host A has two one-slot workers; the victim's is SIGKILLed for good, the other is
+    busy with a long run. A is alive (its busy worker beats), so the victim's takeover
+    waits in A's queue, however often it is sent again, while B's worker sits idle:
+    B cannot follow an agent on A's disk. When the busy run ends, A's worker adopts the
+    victim and follows its agent: the exact output, one attempt spent."""
+    a, b = make_host("host-a"), make_host("host-b")
+    a.start_worker()
+    a.start_worker()
+    a.wait_ready()
+    busy_agent = {**LONG, "seed": 31}
+    victim_agent = {**LONG, "seed": 32}
+    busy = a.client.submit(busy_agent, PROMPT)
+    busy_owned = _wait_for_chunks(a, busy.run_id, 10)
+    victim = a.client.submit(victim_agent, PROMPT)
+    owned = _wait_for_chunks(a, victim.run_id, 10)
+    assert owned.owner is not None
+    assert busy_owned.owner is not None
+    assert owned.owner != busy_owned.owner
+    b.start_worker()
+    b.start_beat()
+    b.wait_ready()
+
+    a.signal_worker_of(owned, signal.SIGKILL)  # never restarted
+    done = a.wait_settled(victim.run_id, timeout=240)
+    busy_done = a.wait_settled(busy.run_id, timeout=240)
+
+    assert done.status is RunStatus.COMPLETED, (done.error, a.dump_logs(), b.dump_logs())
+    assert busy_done.status is RunStatus.COMPLETED
+    attempts = _attempts(a, victim.run_id)
+    assert [(epoch, outcome) for epoch, outcome, _ in attempts] == [
+        (1, "superseded"),
+        (2, "completed"),
+    ], "waiting for a slot on A spent no attempt"
+    assert attempts[1][2] == busy_owned.owner, "the busy worker adopted it once free"
+    _assert_oracle(a, done, victim_agent, PROMPT, tmp_path / "oracle-victim")
+    _assert_oracle(a, busy_done, busy_agent, PROMPT, tmp_path / "oracle-busy")
+    _assert_one_agent_process(a, done)
+    assert done.sandbox_host == "host-a"
 
 
 def test_a_host_back_from_a_partition_ends_the_agent_its_run_left_behind(
