@@ -64,7 +64,8 @@ class HostsMixin(StoreBase):
         self, host_id: str, dead_after: float, hand_over_after: float
     ) -> list[Worker]:
         """Mark the live workers of ``host_id`` draining; each hands over the runs it still
-        drives ``hand_over_after`` seconds from now. Returns the workers marked."""
+        drives ``hand_over_after`` seconds from now, or sooner if an earlier drain said
+        so (a second drain never puts a hand-over off). Returns the workers marked."""
         params = {
             "host_id": check_id(host_id, "host_id"),
             "dead_after": _dead(dead_after),

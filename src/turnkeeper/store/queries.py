@@ -816,9 +816,11 @@ ORDER BY max(last_seen) DESC, host_id
 LIMIT :limit
 """)
 
+# A second drain of a host never puts off a hand-over the first one ordered.
 DRAIN_WORKERS = _sql("""
 UPDATE workers SET draining_at = COALESCE(draining_at, now()),
-    hand_over_at = now() + make_interval(secs => CAST(:hand_over_after AS double precision))
+    hand_over_at = LEAST(hand_over_at,
+        now() + make_interval(secs => CAST(:hand_over_after AS double precision)))
 WHERE host_id = :host_id AND last_seen > $seen_since
 RETURNING worker_id, pid, main_pid
 """)
