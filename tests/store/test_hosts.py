@@ -16,8 +16,7 @@ def _age(database_url: str, worker_id: str, seconds: float) -> None:
     """As if ``worker_id`` had not beaten for ``seconds``."""
     with psycopg.connect(database_url) as conn:
         conn.execute(
-            "UPDATE workers SET last_seen = now() - make_interval(secs => %s)"
-            " WHERE worker_id = %s",
+            "UPDATE workers SET last_seen = now() - make_interval(secs => %s) WHERE worker_id = %s",
             (seconds, worker_id),
         )
 
@@ -33,9 +32,7 @@ def _hand_over_at(database_url: str, worker_id: str) -> float:
     return float(row[0])
 
 
-def test_a_host_is_alive_while_any_of_its_workers_beats(
-    store: Store, database_url: str
-) -> None:
+def test_a_host_is_alive_while_any_of_its_workers_beats(store: Store, database_url: str) -> None:
     """One process of host A dead, one alive: A is alive, whichever row is older. Both
     gone: dead, and listed among the dead hosts, the one that died last first."""
     store.start_worker("a:1", "host-a", 1, 1)
