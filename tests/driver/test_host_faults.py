@@ -27,8 +27,10 @@ from tests.driver.test_hosts import (
     _host_of,
     make_host,
 )
+from tests.driver.fleet import CELERY_QUIET
 from tests.driver.test_sandbox_loss import _wait_for_chunks
 from turnkeeper.store.records import RunStatus
+from turnkeeper.tasks import turns_queue
 
 __all__ = ["make_host"]  # the fixture, used by name
 
@@ -89,6 +91,44 @@ def test_a_takeover_waits_for_the_busy_worker_of_its_host_and_spends_nothing(
     _assert_oracle(a, busy_done, busy_agent, PROMPT, tmp_path / "oracle-busy")
     _assert_one_agent_process(a, done)
     assert done.sandbox_host == "host-a"
+
+
+def test_a_worker_that_serves_no_host_queue_does_not_keep_its_host_alive(
+    make_host: MakeHost, tmp_path: Path
+) -> None:
+    """Host A runs a worker given ``-Q <turns queue>`` only (an older unit file, say)
+    and a normal one that owns the run, SIGKILLed for good. The first consumes nothing
+    of A's queue, so it must not make A look alive: A is dead after
+    ``host_dead_after``, the takeover goes to the turns queue, and that same worker,
+    on A's disk, follows the agent exactly. Were A kept alive by it, the takeover
+    would wait in A's queue for good."""
+    a = make_host("host-a", host_dead_after=HOST_DEAD_AFTER)
+    b = make_host("host-b", host_dead_after=HOST_DEAD_AFTER)
+    owner = a.start_worker()
+    a.wait_ready()
+    run = a.client.submit(LONG, PROMPT)
+    owned = _wait_for_chunks(a, run.run_id, 10)
+    assert owned.owner is not None
+    turns_only = a._start("worker", "worker", "-Q", turns_queue(a.settings), *CELERY_QUIET)
+    b.start_beat()
+    a.wait_ready()
+    b.wait_ready()
+
+    a.signal_worker_of(owned, signal.SIGKILL)
+    assert owner.wait() != 0
+    done = a.wait_settled(run.run_id, timeout=240)
+
+    assert done.status is RunStatus.COMPLETED, (done.error, a.dump_logs(), b.dump_logs())
+    attempts = _attempts(a, run.run_id)
+    assert [(epoch, outcome) for epoch, outcome, _ in attempts] == [
+        (1, "superseded"),
+        (2, "completed"),
+    ]
+    assert int(attempts[1][2].rsplit(":", 1)[1]) in {
+        child.pid for child in psutil.Process(turns_only.pid).children()
+    } | {turns_only.pid}
+    _assert_oracle(a, done, LONG, PROMPT, tmp_path / "oracle")
+    _assert_one_agent_process(a, done)
 
 
 def test_a_host_back_from_a_partition_ends_the_agent_its_run_left_behind(
