@@ -217,8 +217,15 @@ def _register_tasks(app: Celery, settings: Settings, *, announce: bool) -> None:
         # host is alive, and carries drain orders for the worker it is in.
         runtime = runtime_for(settings)
         main_pid = main_process_pid() if announce else None
-        if main_pid is not None:
-            runtime.announce(main_pid=main_pid)
+        if main_pid is None:
+            return
+        if not serves_host_queue(app, settings):
+            # A takeover routed to this host waits for a worker of its queue: one that
+            # consumes only the turns queue (``-Q`` given without it) must not make the
+            # host look alive, or such takeovers would wait for good.
+            log.warning("host.not_announced", host=settings.host_id, queue=host_queue(settings))
+            return
+        runtime.announce(main_pid=main_pid)
 
     # Signals are process-wide: one handler per distinct settings, however many apps.
     worker_process_init.connect(
@@ -242,6 +249,13 @@ def _empty_dead_host_queue(app: Celery, settings: Settings, host: str) -> None:
             return
     if dropped:
         log.info("host.queue_emptied", host=host, messages=dropped)
+
+
+def serves_host_queue(app: Celery, settings: Settings) -> bool:
+    """Whether this worker consumes its host's queue (the queues its ``-Q`` selected,
+    which the pool processes inherit from the main process)."""
+    consumed = app.amqp.queues.consume_from
+    return consumed is None or host_queue(settings) in consumed
 
 
 def close_on_shutdown(**_: Any) -> None:

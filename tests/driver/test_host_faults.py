@@ -16,6 +16,7 @@ from typing import Any
 
 import psutil
 
+from tests.driver.fleet import CELERY_QUIET
 from tests.driver.test_hosts import (
     HOST_DEAD_AFTER,
     LONG,
@@ -27,7 +28,6 @@ from tests.driver.test_hosts import (
     _host_of,
     make_host,
 )
-from tests.driver.fleet import CELERY_QUIET
 from tests.driver.test_sandbox_loss import _wait_for_chunks
 from turnkeeper.store.records import RunStatus
 from turnkeeper.tasks import turns_queue
