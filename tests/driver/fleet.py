@@ -87,8 +87,12 @@ class Fleet:
         self.procs.append(proc)
         return proc
 
-    def start_worker(self, concurrency: int = 1) -> subprocess.Popen[bytes]:
-        return self._start("worker", "worker", "-c", str(concurrency), *CELERY_QUIET)
+    def start_worker(
+        self, concurrency: int = 1, *, queues: str | None = None
+    ) -> subprocess.Popen[bytes]:
+        """A worker; ``queues``: Celery's ``-Q`` instead of ours (turns and host)."""
+        chosen = ["-Q", queues] if queues is not None else []
+        return self._start("worker", "worker", "-c", str(concurrency), *chosen, *CELERY_QUIET)
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Until every worker and beat started so far reports that it is consuming."""

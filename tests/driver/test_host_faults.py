@@ -16,7 +16,6 @@ from typing import Any
 
 import psutil
 
-from tests.driver.fleet import CELERY_QUIET
 from tests.driver.test_hosts import (
     HOST_DEAD_AFTER,
     LONG,
@@ -109,7 +108,7 @@ def test_a_worker_that_serves_no_host_queue_does_not_keep_its_host_alive(
     run = a.client.submit(LONG, PROMPT)
     owned = _wait_for_chunks(a, run.run_id, 10)
     assert owned.owner is not None
-    turns_only = a._start("worker", "worker", "-Q", turns_queue(a.settings), *CELERY_QUIET)
+    turns_only = a.start_worker(queues=turns_queue(a.settings))
     b.start_beat()
     a.wait_ready()
     b.wait_ready()
