@@ -242,7 +242,8 @@ def _sweep(rt: WorkerRuntime) -> int:
 def _reap_orphans(rt: WorkerRuntime) -> int:
     """Local sandbox directories that no unsettled run references: at once when a run
     has moved on from it (``superseded_sandboxes``: a host back from a partition finds
-    the agent its run left behind still working), else once older than the TTL.
+    the agent its run left behind still working; not on a shared volume), else once
+    older than the TTL.
 
     Fails closed: a directory whose age cannot be read, or that any unsettled run
     points at, is kept.
@@ -251,7 +252,13 @@ def _reap_orphans(rt: WorkerRuntime) -> int:
     if not root.is_dir():
         return 0
     keep = {ref.id for ref in map(_sandbox_ref, rt.store.unsettled_sandbox_refs()) if ref}
-    superseded = rt.store.superseded_sandboxes(rt.settings.orphan_ttl) - keep
+    # On a shared volume the dir holds every host's sandboxes, and this host cannot end
+    # another's agents; there a run moves on from a sandbox only once its agent is gone.
+    superseded = (
+        set()
+        if rt.settings.sandboxes_shared
+        else rt.store.superseded_sandboxes(rt.settings.orphan_ttl) - keep
+    )
     cutoff = time.time() - rt.settings.orphan_ttl
     removed = 0
     for entry in root.iterdir():
