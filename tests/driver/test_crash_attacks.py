@@ -6,6 +6,7 @@ takeover) or a dead one missed, against real Postgres, Redis and worker processe
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import signal
@@ -17,11 +18,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.driver.fleet import Fleet
-from tests.driver.test_crash_takeover import DEFAULT_TIMING, attempts, mid_run
+from tests.driver.fleet import Fleet, expected_log
+from tests.driver.test_crash_takeover import DEFAULT_TIMING, attempts, handed_over_at, mid_run
 from tests.driver.test_takeover import AGENT, PROMPT, _assert_log_is_oracle, _assert_transcript_once
 from turnkeeper.config import Settings
+from turnkeeper.embedded.ports import free_port
+from turnkeeper.embedded.postgres import EmbeddedPostgres
+from turnkeeper.store import migration
 from turnkeeper.store.records import RunStatus
+from turnkeeper.store.session import WatchSession
 
 
 @pytest.fixture
@@ -88,3 +93,86 @@ def _wait_logged(
         assert time.monotonic() < deadline, fleet.dump_logs()
         time.sleep(0.05)
     return found
+
+
+@pytest.fixture
+def private_postgres(tmp_path: Path) -> Iterator[tuple[EmbeddedPostgres, int]]:
+    """A PostgreSQL server of this test's own, which it may restart."""
+    (tmp_path / "pg").mkdir()
+    server = EmbeddedPostgres(tmp_path / "pg")
+    port = free_port()
+    server.start(port)
+    try:
+        migration.upgrade(server.url(port))
+        yield server, port
+    finally:
+        server.stop()
+
+
+LONG: dict[str, Any] = {"preset": "scripted", "turns": 3, "pace": 0.15, "seed": 12}
+
+
+def test_a_postgres_restart_hands_nothing_over_and_detection_resumes(
+    settings: Settings, tmp_path: Path, private_postgres: tuple[EmbeddedPostgres, int]
+) -> None:
+    """Every session ends at once, the watcher's too, and every lock with them: nothing
+    is handed over because of that. Once the owner took its lock back on the new
+    server and the watcher saw it held there, the owner's SIGKILL is a crash takeover."""
+    server, port = private_postgres
+    fleet = Fleet.create(
+        settings.model_copy(update={"database_url": server.url(port)}),
+        tmp_path / "logs",
+        **DEFAULT_TIMING,
+    )
+    try:
+        fleet.start_pair()
+        fleet.wait_ready()
+        run = fleet.client.submit(LONG, PROMPT)
+        owned = mid_run(fleet, run.run_id, chunks=4)
+        server.stop()  # fast shutdown: every session is ended
+        server.start(port)
+        probe = WatchSession(server.url(port))
+        try:  # the owner took its lock back on the new server
+            _wait_for(lambda: [o.held for o in probe.watched(10)] == [True], fleet)
+        finally:
+            probe.close()
+        # ... and the watcher saw it held in its new session (it logs nothing for
+        # that, so let two of its sweeps pass, by the database clock).
+        before_kill = _db_now(fleet)
+        _wait_for(lambda: (_db_now(fleet) - before_kill).total_seconds() > 1.5, fleet)
+        killed_at = _db_now(fleet)
+        assert _logged(fleet, "beat-*.log", "crash.suspected", None) == []  # not even once
+        with psycopg.connect(fleet.settings.require_database_url()) as conn:
+            row = conn.execute(
+                "SELECT lease_expires_at FROM runs WHERE run_id = %s", (run.run_id,)
+            ).fetchone()
+        assert row is not None
+        assert row[0] is not None
+        lease = row[0]
+        fleet.signal_worker_of(owned, signal.SIGKILL)
+        fleet.client.store.close()  # its pool's sessions ended with the old server
+        done = fleet.wait_settled(run.run_id)
+        assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
+        assert attempts(fleet, run.run_id) == [
+            (1, "superseded", "crash"),
+            (2, "completed", None),
+        ], fleet.dump_logs()
+        assert killed_at < handed_over_at(fleet, run.run_id, 1) < lease
+        oracle = expected_log(run.run_id, run.session_id, LONG, PROMPT, tmp_path / "oracle")
+        assert [chunk for _, chunk in fleet.log_of(run.run_id)] == oracle
+    finally:
+        fleet.stop()
+
+
+def _db_now(fleet: Fleet) -> dt.datetime:
+    with psycopg.connect(fleet.settings.require_database_url()) as conn:
+        row = conn.execute("SELECT now()").fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+def _wait_for(predicate: Any, fleet: Fleet) -> None:
+    deadline = time.monotonic() + 60  # a hang guard, not a timing assertion
+    while not predicate():
+        assert time.monotonic() < deadline, fleet.dump_logs()
+        time.sleep(0.05)
