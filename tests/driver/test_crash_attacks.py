@@ -20,13 +20,17 @@ import pytest
 
 from tests.driver.fleet import Fleet, expected_log
 from tests.driver.test_crash_takeover import DEFAULT_TIMING, attempts, handed_over_at, mid_run
+from tests.driver.test_crash_watcher import _running, _terminate, _wait
 from tests.driver.test_takeover import AGENT, PROMPT, _assert_log_is_oracle, _assert_transcript_once
 from turnkeeper.config import Settings
 from turnkeeper.embedded.ports import free_port
 from turnkeeper.embedded.postgres import EmbeddedPostgres
 from turnkeeper.store import migration
+from turnkeeper.store.queries import OWNER_LOCK_SPACE
 from turnkeeper.store.records import RunStatus
-from turnkeeper.store.session import WatchSession
+from turnkeeper.store.session import OwnerLockSession, WatchSession
+from turnkeeper.workers.owner_locks import OwnerLocks
+from turnkeeper.workers.runtime import WorkerRuntime
 
 
 @pytest.fixture
@@ -176,3 +180,108 @@ def _wait_for(predicate: Any, fleet: Fleet) -> None:
     while not predicate():
         assert time.monotonic() < deadline, fleet.dump_logs()
         time.sleep(0.05)
+
+
+# --- one process, many runs: the counts of session-level locks --------------------------
+
+
+@pytest.fixture
+def runtime(settings: Settings) -> Iterator[WorkerRuntime]:
+    rt = WorkerRuntime.open(settings.model_copy(update={"lease_ttl": 30.0}))
+    yield rt
+    rt.close()
+
+
+def _held_flags(rt: WorkerRuntime) -> dict[str, bool]:
+    probe = WatchSession(rt.settings.require_database_url())
+    try:
+        return {o.run_id: o.held for o in probe.watched(100)}
+    finally:
+        probe.close()
+
+
+def _lock_attempt(rt: WorkerRuntime, run_id: str) -> tuple[str, str | None]:
+    with psycopg.connect(rt.settings.require_database_url()) as conn:
+        row = conn.execute(
+            "SELECT attempt_id, lock_attempt_id FROM runs WHERE run_id = %s", (run_id,)
+        ).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+def _owner_locks(rt: WorkerRuntime) -> OwnerLocks:
+    session = OwnerLockSession(rt.settings.require_database_url(), owner=rt.owner, lease_ttl=30.0)
+    return OwnerLocks(rt.store, session)
+
+
+def test_one_run_ending_leaves_the_locks_of_the_others_held(runtime: WorkerRuntime) -> None:
+    """Five runs in one process, one session: each lock is taken once, so one release
+    frees exactly its run's lock (a lock taken twice would stay held after it)."""
+    claims = [_running(runtime, f"many-{i}") for i in range(5)]
+    locks = _owner_locks(runtime)
+    try:
+        for claim in claims:
+            locks.hold(claim)
+        everyone = {c.run_id: True for c in claims}
+        _wait(lambda: _held_flags(runtime) == everyone)
+        locks.release(claims[2])
+        _wait(lambda: _held_flags(runtime) == {**everyone, "many-2": False})
+        # The others stay held through a reconnect too, taken back once each.
+        assert _terminate(runtime, f"turnkeeper-locks {runtime.owner}") == 1
+        _wait(lambda: locks.held() == {c.run_id for c in claims} - {"many-2"})
+        _wait(lambda: _held_flags(runtime) == {**everyone, "many-2": False})
+        for claim in claims[:2]:
+            locks.release(claim)
+        _wait(
+            lambda: (
+                _held_flags(runtime)
+                == {
+                    "many-0": False,
+                    "many-1": False,
+                    "many-2": False,
+                    "many-3": True,
+                    "many-4": True,
+                }
+            )
+        )
+    finally:
+        locks.close()
+    _wait(lambda: set(_held_flags(runtime).values()) == {False})
+
+
+@pytest.mark.parametrize("order", ["hold-first", "release-first"])
+def test_a_run_readopted_by_the_same_process_holds_its_lock_once(
+    runtime: WorkerRuntime, order: str
+) -> None:
+    """The run's lease ran out while its owner lived (frozen) and the takeover came back
+    to the same process: the old attempt's release and the new one's hold meet in one
+    session, in either order. The lock is held once, marked for the new attempt, and
+    free after the new attempt's release."""
+    old = _running(runtime, "readopt-1")
+    locks = _owner_locks(runtime)
+    try:
+        locks.hold(old)
+        _wait(lambda: _held_flags(runtime) == {"readopt-1": True})
+        runtime.store.renew_lease(old, 0.001)
+        time.sleep(0.02)
+        [handed] = runtime.store.hand_over_expired(10)
+        new = runtime.store.adopt_attempt("readopt-1", handed.attempt_id, runtime.owner, 30.0)
+        assert new is not None
+        if order == "hold-first":
+            locks.hold(new)
+            locks.release(old)
+        else:
+            locks.release(old)
+            locks.hold(new)
+        _wait(lambda: _lock_attempt(runtime, "readopt-1") == (new.attempt_id, new.attempt_id))
+        _wait(lambda: _held_flags(runtime) == {"readopt-1": True})
+        assert locks.held() == {"readopt-1"}
+        locks.release(new)
+        _wait(lambda: locks.held() == frozenset())
+        with psycopg.connect(runtime.settings.require_database_url(), autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (OWNER_LOCK_SPACE, "readopt-1")
+            ).fetchone()
+        assert row == (True,), "the lock was held twice: one release left it held"
+    finally:
+        locks.close()
