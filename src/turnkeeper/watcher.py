@@ -36,6 +36,7 @@ from turnkeeper.errors import TurnkeeperError
 from turnkeeper.reconciler import send_takeovers
 from turnkeeper.store.records import Claim
 from turnkeeper.store.session import WatchSession
+from turnkeeper.workers.failpoints import failpoint
 from turnkeeper.workers.runtime import WorkerRuntime
 
 log = structlog.get_logger(__name__)
@@ -80,6 +81,8 @@ class CrashWatcher:
             alive = self._session.live_owners(absent)
             dead = [o for o in absent if o.run_id not in alive]
             handed = self._session.hand_over_absent(dead) if dead else []
+            for claim in handed[:1]:
+                failpoint(self._rt.settings, "crash-handed", claim.run_id)
             send_takeovers(self._rt, handed, enqueue_takeover=self._enqueue_takeover, cause="crash")
             gone = {claim.run_id for claim in handed}
             for owner in absent:

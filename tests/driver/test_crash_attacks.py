@@ -10,8 +10,10 @@ import datetime as dt
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,8 @@ from turnkeeper.store import migration
 from turnkeeper.store.queries import OWNER_LOCK_SPACE
 from turnkeeper.store.records import RunStatus
 from turnkeeper.store.session import OwnerLockSession, WatchSession
+from turnkeeper.watcher import CrashWatcher
+from turnkeeper.workers.failpoints import marker
 from turnkeeper.workers.owner_locks import OwnerLocks
 from turnkeeper.workers.runtime import WorkerRuntime
 
@@ -285,3 +289,91 @@ def test_a_run_readopted_by_the_same_process_holds_its_lock_once(
         assert row == (True,), "the lock was held twice: one release left it held"
     finally:
         locks.close()
+
+
+# --- the watcher killed mid-handover; two watchers at once ------------------------------
+
+
+def test_a_watcher_killed_between_handover_and_message_loses_nothing(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The watcher's beat dies right after its handover committed, before it sent the
+    takeover message; two beats come in its place. The handed-over attempt waits for
+    its message, which a reconciler sends again (``redispatch_takeovers``): the run is
+    handed over once, adopted once."""
+    fleet = Fleet.create(
+        settings,
+        tmp_path / "logs",
+        **{**DEFAULT_TIMING, "requeue_after": 2.0},
+        failpoints="crash-handed",
+    )
+    try:
+        fleet.start_worker()
+        fleet.start_worker()
+        beat = fleet.start_beat()
+        fleet.wait_ready()
+        run = fleet.client.submit(LONG, PROMPT)
+        owned = mid_run(fleet, run.run_id, chunks=4)
+        fleet.signal_worker_of(owned, signal.SIGKILL)
+        fired = marker(fleet.settings, "crash-handed")
+        _wait_for(fired.exists, fleet)
+        os.killpg(beat.pid, signal.SIGKILL)
+        beat.wait()
+        fleet.start_beat()
+        fleet.start_beat()
+        done = fleet.wait_settled(run.run_id)
+        assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
+        assert attempts(fleet, run.run_id) == [
+            (1, "superseded", "crash"),
+            (2, "completed", None),
+        ], fleet.dump_logs()
+        assert len(_logged(fleet, "beat-*.log", "takeover.redispatched", run.run_id)) >= 1
+        adopted = _logged(fleet, "worker-*.log", "attempt.adopted", run.run_id)
+        assert [e["epoch"] for e in adopted] == [2]
+        oracle = expected_log(run.run_id, run.session_id, LONG, PROMPT, tmp_path / "oracle")
+        assert [chunk for _, chunk in fleet.log_of(run.run_id)] == oracle
+    finally:
+        fleet.stop()
+
+
+def test_two_watchers_hand_each_dead_owner_over_once(runtime: WorkerRuntime) -> None:
+    """Two beats, two watchers: both see the same twenty locks free and hand over at
+    the same instant; the compare-and-set gives each run to exactly one of them."""
+    claims = [_running(runtime, f"twice-{i:02}") for i in range(20)]
+    owner = OwnerLockSession(runtime.settings.require_database_url(), owner="gone", lease_ttl=30)
+    assert owner.take(claims) == {c.run_id for c in claims}
+    for claim in claims:
+        runtime.store.mark_owner_locked(claim)
+    sent: list[list[tuple[str, str, int]]] = [[], []]
+    watchers = [
+        CrashWatcher(
+            runtime,
+            WatchSession(runtime.settings.require_database_url()),
+            enqueue_takeover=lambda *m, i=i: sent[i].append(m),
+            grace=0.0,
+        )
+        for i in range(2)
+    ]
+    try:
+        for watcher in watchers:
+            assert watcher.sweep() == []
+        owner.close()
+        _wait(lambda: set(_held_flags(runtime).values()) == {False})
+        start = threading.Barrier(2)
+
+        def sweep(watcher: CrashWatcher) -> list[str]:
+            start.wait()
+            return [c.run_id for c in watcher.sweep()]
+
+        with ThreadPoolExecutor(2) as pool:
+            handed = list(pool.map(sweep, watchers))
+        assert sorted(handed[0] + handed[1]) == sorted(c.run_id for c in claims)
+        assert sorted(m[0] for m in sent[0] + sent[1]) == sorted(c.run_id for c in claims)
+        for claim in claims:
+            assert runtime.store.takeovers_of(claim.run_id) == {"crash": 1}, claim.run_id
+        for watcher in watchers:
+            assert watcher.sweep() == []
+    finally:
+        for watcher in watchers:
+            watcher.close()
+        owner.close()
