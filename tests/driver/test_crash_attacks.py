@@ -27,9 +27,10 @@ from tests.driver.test_takeover import AGENT, PROMPT, _assert_log_is_oracle, _as
 from turnkeeper.config import Settings
 from turnkeeper.embedded.ports import free_port
 from turnkeeper.embedded.postgres import EmbeddedPostgres
+from turnkeeper.errors import StoreUnavailableError
 from turnkeeper.store import migration
 from turnkeeper.store.queries import OWNER_LOCK_SPACE
-from turnkeeper.store.records import RunStatus
+from turnkeeper.store.records import Claim, RunStatus
 from turnkeeper.store.session import OwnerLockSession, WatchSession
 from turnkeeper.watcher import CrashWatcher
 from turnkeeper.workers.failpoints import marker
@@ -377,3 +378,80 @@ def test_two_watchers_hand_each_dead_owner_over_once(runtime: WorkerRuntime) -> 
         for watcher in watchers:
             watcher.close()
         owner.close()
+
+
+# --- two running runs whose owner locks share a key ------------------------------------
+
+
+def _colliding_run_ids(rt: WorkerRuntime) -> tuple[str, str]:
+    """Two run ids with the same ``hashtext``, so the same owner lock key: found by a
+    birthday search on the server (a 32-bit hash collides within a few 100,000 ids)."""
+    with psycopg.connect(rt.settings.require_database_url()) as conn:
+        row = conn.execute(
+            "SELECT min(id), max(id) FROM ("
+            "  SELECT 'collide-' || i AS id FROM generate_series(1, 300000) AS i) AS ids"
+            " GROUP BY hashtext(id) HAVING count(*) = 2 ORDER BY min(id) LIMIT 1"
+        ).fetchone()
+    assert row is not None
+    first, second = row
+    assert first != second
+    return first, second
+
+
+def _running_as(rt: WorkerRuntime, run_id: str, owner: str) -> Claim:
+    rt.store.admit_run(
+        run_id, run_id, {"agent": AGENT, "prompt": PROMPT}, max_attempts=5, deadline=None
+    )
+    claim = rt.store.claim_run(run_id, owner, 30.0)
+    assert claim is not None
+    return claim
+
+
+def test_runs_sharing_a_lock_key_fall_back_to_their_lease(runtime: WorkerRuntime) -> None:
+    """Run A's owner (process p1) holds the shared key; B's (p2) cannot take it, so B is
+    never watched. Then p1's session blips and p2 takes the key for B while p1 is
+    connecting again: the lock the watcher saw held for A is p2's now. When B ends and
+    p2 lets the key go, A's lock is free while its owner lives: A must not be handed
+    over. Once p1 holds it again and then dies, A is a crash takeover."""
+    run_a, run_b = _colliding_run_ids(runtime)
+    url = runtime.settings.require_database_url()
+    claim_a, claim_b = _running_as(runtime, run_a, "p1"), _running_as(runtime, run_b, "p2")
+    p1 = OwnerLockSession(url, owner="p1", lease_ttl=30.0)
+    p2 = OwnerLockSession(url, owner="p2", lease_ttl=30.0)
+    sent: list[tuple[str, str, int]] = []
+    watcher = CrashWatcher(
+        runtime, WatchSession(url), enqueue_takeover=lambda *m: sent.append(m), grace=0.0
+    )
+    try:
+        assert p1.take([claim_a]) == {run_a}
+        runtime.store.mark_owner_locked(claim_a)
+        assert p2.take([claim_b]) == set()  # the key is p1's: B stays unmarked
+        assert watcher.sweep() == []
+        assert watcher.armed == {run_a: claim_a.attempt_id}  # B is not watched
+        assert _terminate(runtime, "turnkeeper-locks p1") == 1
+        _wait(lambda: p2.take([claim_b]) == {run_b})
+        runtime.store.mark_owner_locked(claim_b)
+        with pytest.raises(StoreUnavailableError):
+            p1.take([claim_a])  # p1 learns that its session ended...
+        assert p1.take([claim_a]) == set()  # ... and finds the key taken, by p2
+        assert watcher.sweep() == []  # A "held" (by p2), B held
+        assert watcher.armed == {run_a: claim_a.attempt_id, run_b: claim_b.attempt_id}
+        runtime.store.settle_run(claim_b, RunStatus.COMPLETED)
+        p2.release(run_b)
+        assert watcher.sweep() == []  # A's lock is free, but p1 is connected: alive
+        assert watcher.sweep() == []
+        assert sent == []
+        assert runtime.store.takeovers_of(run_a) == {}
+        assert p1.take([claim_a]) == {run_a}
+        assert watcher.sweep() == []
+        p1.close()  # p1 dies
+        _wait(lambda: _held_flags(runtime) == {run_a: False})
+        [handed] = watcher.sweep()
+        assert (handed.run_id, handed.epoch) == (run_a, 2)
+        assert sent == [(run_a, handed.attempt_id, 2)]
+        assert runtime.store.takeovers_of(run_a) == {"crash": 1}
+        assert runtime.store.takeovers_of(run_b) == {}
+    finally:
+        watcher.close()
+        p1.close()
+        p2.close()
