@@ -14,7 +14,10 @@ Three measurements, side by side in one run, on a scratch database:
    dies, with 0, 100 and 1,000 running runs whose owner locks are held (rows claimed
    in the store, their locks held by one owner session, marked). Counted by the
    watcher's session, and by the server (``pg_stat_database.xact_commit`` of the
-   scratch database, where nothing else commits meanwhile).
+   scratch database, where nothing else commits meanwhile), both over the watcher's
+   whole life (its first sweep included): the two must agree. All three loads fit in
+   one page (``watcher.BATCH``, 2,000): past it a sweep is one statement more per
+   2,000 running runs, and the sweep's time grows with the runs, so it is printed.
 3. **An owner's re-take**: the time from ``pg_terminate_backend`` of an owner lock
    session holding ten runs' locks to the watcher seeing all ten held again (what
    ``TURNKEEPER_CRASH_GRACE`` must cover).
@@ -205,22 +208,29 @@ def watcher_load(seconds: float) -> dict[int, tuple[float, float, float]]:
             for claim in claims:
                 rt.store.mark_owner_locked(claim)
             # The pool's sessions end, so the server counts their commits now, not
-            # during the measurement (an idle session flushes its statistics late).
+            # during the measurement; the owner session's are flushed within a second.
             rt.store.close()
+            time.sleep(1.5)
+            commits = _commits(url)
+            # Both counts cover the watcher's whole life, its session's first statement
+            # to its last: a session's statistics reach the server in full when it ends
+            # (while it lives, up to a second late), so the server's count of a window
+            # inside its life would be off by a sweep or two at each end.
             session = CountingSession(url)
             watcher = CrashWatcher(rt, session, enqueue_takeover=lambda *_: None, grace=0.25)
             thread = threading.Thread(target=watcher.run, args=(0.5,), daemon=True)
-            thread.start()
-            time.sleep(2.0)  # connected, and past its first sweeps
-            before, commits = session.statements, _commits(url)
             started = time.monotonic()
+            thread.start()
             time.sleep(seconds)
-            elapsed = time.monotonic() - started
-            by_watcher = (session.statements - before) / elapsed
-            time.sleep(1.5)  # the server's statistics are flushed about once a second
-            by_server = (_commits(url) - commits) / elapsed
             watcher.stop()
-            thread.join()
+            thread.join()  # its session ended
+            elapsed = time.monotonic() - started
+            by_watcher = session.statements / elapsed
+            time.sleep(1.5)  # the ended sessions' statistics reach the server
+            # Minus what the server counts for sessions themselves: the first probe's
+            # start and its transaction, and the start of the watcher's session (a
+            # backend's start is a transaction too).
+            by_server = (_commits(url) - commits - _PROBE_COMMITS - 1) / elapsed
             sweep_ms = _sweep_ms(rt, url)
             figures[running] = (by_watcher, by_server, sweep_ms)
             print(f"{running} running runs: {by_watcher:.2f} statements/s", flush=True)
@@ -240,6 +250,10 @@ def _running_runs(rt: WorkerRuntime, count: int) -> list[Claim]:
     return claims
 
 
+_PROBE_COMMITS = 2
+"""What one ``_commits`` adds to the server's count, once its session ended."""
+
+
 def _commits(url: str) -> int:
     with psycopg.connect(url) as conn:
         conn.execute("SELECT pg_stat_clear_snapshot()")
@@ -247,7 +261,7 @@ def _commits(url: str) -> int:
             "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
         ).fetchone()
     assert row is not None
-    # This connection's own two statements (the snapshot clear and the read).
+    # This session's own commits (``_PROBE_COMMITS``) are counted when it ends.
     return int(row[0])
 
 

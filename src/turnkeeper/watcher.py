@@ -11,9 +11,13 @@ flat while nothing dies. A run is handed over when:
    every owner reconnects; seeing it held first means the server is the one whose
    sessions hold the locks);
 2. it sees the lock free now;
-3. ``crash_grace`` later, the handover statement finds it still free (it takes the
-   lock for its own transaction, so the owner cannot take it back meanwhile) and
-   the run still under that attempt.
+3. ``crash_grace`` later, its owner process has no session left on the server
+   (``LIVE_OWNERS``): a process's death ends all of its sessions, while a blip that
+   ended only the lock session of a process too slow to connect again leaves the
+   others; such a run stays armed and is looked at again at the next sweep;
+4. the handover statement finds the lock still free (it takes the lock for its own
+   transaction, so the owner cannot take it back meanwhile) and the run still under
+   that attempt.
 
 The handover is the lease expiry's (epoch + 1, the log fenced, a takeover message
 through ``reconciler.send_takeovers``); only its cause differs, ``crash``.
@@ -32,6 +36,7 @@ from turnkeeper.errors import TurnkeeperError
 from turnkeeper.reconciler import send_takeovers
 from turnkeeper.store.records import Claim
 from turnkeeper.store.session import WatchSession
+from turnkeeper.workers.failpoints import failpoint
 from turnkeeper.workers.runtime import WorkerRuntime
 
 log = structlog.get_logger(__name__)
@@ -73,15 +78,25 @@ class CrashWatcher:
             log.info("crash.suspected", runs=[o.run_id for o in absent])
             if self._stop.wait(self._grace):
                 return []
-            handed = self._session.hand_over_absent(absent)
+            alive = self._session.live_owners(absent)
+            dead = [o for o in absent if o.run_id not in alive]
+            handed = self._session.hand_over_absent(dead) if dead else []
+            for claim in handed[:1]:
+                failpoint(self._rt.settings, "crash-handed", claim.run_id)
             send_takeovers(self._rt, handed, enqueue_takeover=self._enqueue_takeover, cause="crash")
             gone = {claim.run_id for claim in handed}
-            # Not handed over: its owner took the lock back (it is armed again when the
-            # next sweep sees it held), or the run may not be taken over (out of
-            # attempts, cancelled: settled when its lease runs out), or another
-            # transaction held its row: left to its lease.
             for owner in absent:
-                if owner.run_id not in gone:
+                if owner.run_id in alive:
+                    # Only its lock session ended, and the process has not connected
+                    # again yet (frozen, starved): it stays armed, and is looked at
+                    # again at the next sweep, until it takes its lock back or dies.
+                    armed[owner.run_id] = owner.attempt_id
+                    log.info("crash.owner_alive", run_id=owner.run_id, attempt_id=owner.attempt_id)
+                elif owner.run_id not in gone:
+                    # Its owner took the lock back (it is armed again when the next sweep
+                    # sees it held), or the run may not be taken over (out of attempts,
+                    # cancelled: settled when its lease runs out), or another
+                    # transaction held its row: left to its lease.
                     log.info("crash.refuted", run_id=owner.run_id, attempt_id=owner.attempt_id)
         self._armed = armed
         return handed

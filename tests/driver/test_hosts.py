@@ -172,8 +172,16 @@ def test_a_host_gone_for_good_is_declared_dead_and_its_runs_go_on_elsewhere(
     assert [epoch for epoch, _, _ in attempts] == [1, 2], "waiting for host-a spent nothing"
     assert _host_of(attempts[0][2]) == "host-a"
     assert _host_of(attempts[1][2]) == "host-b"
-    beat_log = b"".join(p.read_bytes() for p in b.logs.glob("beat-*.log"))
-    assert b"takeover.host_dead" in beat_log, "handed to host-a's queue, then sent on"
+    # B adopted the run only once A had been unseen for host_dead_after (on the
+    # database clock): until then its takeover waited for host-a's queue.
+    with psycopg.connect(b.settings.require_database_url()) as conn:
+        (waited_for_a,) = conn.execute(
+            "SELECT a.started_at >= (SELECT max(last_seen) FROM workers"
+            " WHERE host_id = 'host-a') + make_interval(secs => %s)"
+            " FROM attempts a WHERE a.run_id = %s AND a.epoch = 2",
+            (HOST_DEAD_AFTER, run.run_id),
+        ).fetchone()
+    assert waited_for_a is True, "adopted on host-b only once host-a was declared dead"
     chunks = [chunk for _, chunk in b.log_of(run.run_id)]
     if agent == "scripted":
         assert done.status is RunStatus.COMPLETED, (done.error, b.dump_logs())

@@ -32,6 +32,7 @@ from turnkeeper.log.keys import RunKeys, check_namespace
 from turnkeeper.log.runlog import (
     DEFAULT_BLOCK_MS,
     DEFAULT_PAGE_SIZE,
+    SHORT_READ_TRIES,
     SOCKET_TIMEOUT,
     RunLog,
     check_client,
@@ -93,12 +94,15 @@ class AsyncRunLog:
         """As ``RunLog.state``: a lost log is rebuilt first."""
         state = await self._read_state(run_id)
         restorer = self.restorer
-        if (
-            state.missing
-            and restorer is not None
-            and await anyio.to_thread.run_sync(restorer.ensure, run_id)
-        ):
+        for stalls in range(SHORT_READ_TRIES + 2):
+            if (
+                not state.missing
+                or restorer is None
+                or not await anyio.to_thread.run_sync(restorer.ensure, run_id)
+            ):
+                return state
             state = await self._read_state(run_id)
+            check_short_read(stalls, run_id, 0)
         return state
 
     async def snapshot(self, run_id: str, after_seq: int = 0) -> list[tuple[int, Chunk]]:

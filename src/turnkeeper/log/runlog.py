@@ -356,10 +356,15 @@ class RunLog:
         return parse_state(meta, head)
 
     def state(self, run_id: str) -> LogState:
-        """The log's state, once a lost log was rebuilt (with a source)."""
+        """The log's state, once a lost log was rebuilt (with a source). A log lost
+        again right after its rebuild is rebuilt again: never the state of a missing
+        log for one that exists (an aligner would take it for an empty log)."""
         state = self._read_state(run_id)
-        if state.missing and self.ensure(run_id):
+        for stalls in range(SHORT_READ_TRIES + 2):
+            if not state.missing or not self.ensure(run_id):
+                return state
             state = self._read_state(run_id)
+            check_short_read(stalls, run_id, 0)
         return state
 
     def page(self, run_id: str, after_seq: int, count: int) -> list[tuple[int, Chunk]]:

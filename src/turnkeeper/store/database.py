@@ -111,11 +111,16 @@ class Database:
     Connections are autocommit, return dict rows, open lazily up to ``pool_size``
     and are recycled after half an hour; psycopg_pool discards one that broke.
     ``close`` is like an engine's dispose: a later call opens a fresh pool.
+    ``application_name`` names its sessions on the server: a worker process's say
+    whose they are, which the crash watcher reads as a sign of life (``watcher``).
     """
 
-    def __init__(self, database_url: str, *, pool_size: int) -> None:
+    def __init__(
+        self, database_url: str, *, pool_size: int, application_name: str | None = None
+    ) -> None:
         self._conninfo = plain_postgres_url(database_url)
         self._size = pool_size
+        self._application_name = application_name
         self._pool: ConnectionPool[psycopg.Connection[DictRow]] | None = None
         self._lock = threading.Lock()
 
@@ -129,6 +134,11 @@ class Database:
                         "autocommit": True,
                         "row_factory": dict_row,
                         "connect_timeout": _CONNECT_TIMEOUT,
+                        **(
+                            {"application_name": self._application_name[:63]}
+                            if self._application_name
+                            else {}
+                        ),
                     },
                     min_size=0,
                     max_size=self._size,

@@ -37,6 +37,12 @@ ENTRY_COLUMNS = (
 # locked, so it is never watched and is left to its lease.
 OWNER_LOCK_SPACE = 1953198444  # "tkol"
 
+# How a worker process names its sessions on the server (``application_name``), each
+# followed by its owner (``runs.owner``): its owner lock session and its store's pool.
+# The crash watcher reads a session so named as a sign that the owner is alive.
+LOCKS_SESSION_PREFIX = "turnkeeper-locks "
+STORE_SESSION_PREFIX = "turnkeeper-store "
+
 
 def _q(prefix: str, columns: str) -> str:
     return ", ".join(f"{prefix}.{c.strip()}" for c in columns.split(","))
@@ -62,6 +68,8 @@ _FRAGMENTS = {
     "owned_slot": _OWNED_SLOT,
     "key_columns": KEY_COLUMNS,
     "lock_space": str(OWNER_LOCK_SPACE),
+    "locks_session_prefix": LOCKS_SESSION_PREFIX,
+    "store_session_prefix": STORE_SESSION_PREFIX,
     # A run's payload without its sealed env: what idempotency compares, and what a
     # settled run keeps (turnkeeper.envelope).
     "unsealed": "#- '{env,sealed}'",
@@ -264,6 +272,22 @@ SELECT run_id, attempt_id, seq,
          ELSE true END AS held
 FROM watched
 ORDER BY seq
+""")
+
+# Of the given attempts, the runs whose owner process still has a session on the server
+# (its lock session, connected again, or one of its store's): a sign of life, since a
+# process's death ends all of its sessions at once. The server keeps an application
+# name to 63 bytes, hence left().
+LIVE_OWNERS = _sql("""
+SELECT r.run_id FROM runs r
+JOIN unnest(CAST(:run_ids AS text[]), CAST(:attempt_ids AS text[])) AS t(run_id, attempt_id)
+    ON r.run_id = t.run_id AND r.attempt_id = t.attempt_id
+WHERE r.owner IS NOT NULL AND EXISTS (
+    SELECT 1 FROM pg_stat_activity a
+    WHERE a.pid <> pg_backend_pid()
+      AND a.application_name IN (left('$locks_session_prefix' || r.owner, 63),
+                                 left('$store_session_prefix' || r.owner, 63)))
+ORDER BY r.run_id
 """)
 
 # The crash handover: like HAND_OVER_EXPIRED, but for the given attempts whose owner

@@ -124,7 +124,11 @@ def _keepalives(lease_ttl: float) -> dict[str, Any]:
     a lock that came free while its lease still ran.
     """
     interval = math.ceil(lease_ttl / 3) + 1
-    server = f"-c tcp_keepalives_idle=10 -c tcp_keepalives_interval={interval}"
+    # An idle session is this one's normal state: a server-wide idle_session_timeout
+    # must not end it (and free every lock it holds) every few minutes.
+    server = (
+        f"-c idle_session_timeout=0 -c tcp_keepalives_idle=10 -c tcp_keepalives_interval={interval}"
+    )
     return {
         "keepalives": 1,
         "keepalives_idle": 10,
@@ -134,12 +138,19 @@ def _keepalives(lease_ttl: float) -> dict[str, Any]:
     }
 
 
+def store_session_name(owner: str) -> str:
+    """The application name of the store sessions of the worker process ``owner``."""
+    return f"{q.STORE_SESSION_PREFIX}{owner}"
+
+
 class OwnerLockSession(LockSession):
     """The owner locks of one worker process."""
 
     def __init__(self, database_url: str, *, owner: str, lease_ttl: float) -> None:
         super().__init__(
-            database_url, application_name=f"turnkeeper-locks {owner}", **_keepalives(lease_ttl)
+            database_url,
+            application_name=f"{q.LOCKS_SESSION_PREFIX}{owner}",
+            **_keepalives(lease_ttl),
         )
 
     def take(self, claims: Iterable[Claim]) -> set[str]:
@@ -189,6 +200,18 @@ class WatchSession(LockSession):
             if len(page) < batch:
                 return found
             after = page[-1]["seq"]
+
+    def live_owners(self, owners: Iterable[WatchedOwner]) -> set[str]:
+        """The runs, of ``owners``, whose owner process still has a session on the server
+        (``LIVE_OWNERS``): its lock came free because that one session ended, not the
+        process. Only in the session that saw the locks held, like the handover."""
+        owners = list(owners)
+        params = {
+            "run_ids": [o.run_id for o in owners],
+            "attempt_ids": [o.attempt_id for o in owners],
+        }
+        rows = self.rows("live_owners", q.LIVE_OWNERS, params, reconnect=False)
+        return {r["run_id"] for r in rows}
 
     def hand_over_absent(self, owners: Iterable[WatchedOwner]) -> list[Claim]:
         """Hand each run over whose attempt is still the one given and whose owner lock

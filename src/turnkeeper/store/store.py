@@ -31,10 +31,12 @@ class Store(
 ):
     """A pooled, thread-safe handle on the run store. Create one per process (after fork)."""
 
-    def __init__(self, database_url: str, *, pool_size: int = 10) -> None:
+    def __init__(
+        self, database_url: str, *, pool_size: int = 10, application_name: str | None = None
+    ) -> None:
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
             raise InvalidInputError(f"pool_size must be a positive integer, got {pool_size!r}")
-        self._db = Database(database_url, pool_size=pool_size)
+        self._db = Database(database_url, pool_size=pool_size, application_name=application_name)
 
     def close(self) -> None:
         """Close every pooled connection; the store must not be used afterwards."""

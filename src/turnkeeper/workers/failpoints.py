@@ -9,7 +9,9 @@ too short to hit with a timer. The points:
   (``runner.spawn_journaled``);
 - ``after-sentinel``: the sentinel read, not stored yet;
 - ``sentinel-stored``: the sentinel stored, the turn not committed yet;
-- ``settled``: the run settled, its final chunk not appended yet.
+- ``settled``: the run settled, its final chunk not appended yet;
+- ``crash-handed``: the crash watcher handed a run over, its takeover message not
+  sent yet (``watcher.CrashWatcher.sweep``).
 
 ``TURNKEEPER_FAILPOINTS`` lists the points that fire, comma-separated, each with
 an optional mode after ``=``:

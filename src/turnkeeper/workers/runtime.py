@@ -24,7 +24,7 @@ from turnkeeper.log import RunLog
 from turnkeeper.sandbox.factory import at_least_as_strong, provider_for
 from turnkeeper.sandbox.provider import SandboxProvider
 from turnkeeper.secret import ServerSecret
-from turnkeeper.store.session import OwnerLockSession
+from turnkeeper.store.session import OwnerLockSession, store_session_name
 from turnkeeper.store.store import Store
 from turnkeeper.workers.beacon import HostBeacon
 from turnkeeper.workers.owner_locks import OwnerLocks
@@ -61,7 +61,8 @@ class WorkerRuntime:
 
     @classmethod
     def open(cls, settings: Settings) -> WorkerRuntime:
-        store = Store(settings.require_database_url())
+        owner = f"{settings.host_id}:{os.getpid()}"
+        store = Store(settings.require_database_url(), application_name=store_session_name(owner))
         run_log = RunLog.from_url(
             settings.require_redis_url(),
             namespace=settings.namespace,
@@ -69,7 +70,6 @@ class WorkerRuntime:
             max_chunks=settings.log_max_chunks,
             source=StoredLog(store),
         )
-        owner = f"{settings.host_id}:{os.getpid()}"
         log.info("worker.runtime.opened", owner=owner)
         return cls(settings=settings, store=store, log=run_log, owner=owner)
 
