@@ -225,6 +225,7 @@ def test_cancel_stops_a_running_agent_within_a_heartbeat(fleet: Fleet, tmp_path:
     slow = {**AGENT, "turns": 6, "pace": 0.2}
     run = fleet.client.submit(slow, PROMPT)
     fleet.wait_chunks(run.run_id, 5)
+    placed = fleet.client.require(run.run_id).sandbox_ref  # the reaper may forget it later
     fleet.client.cancel(run.run_id)
     done = fleet.wait_settled(run.run_id)
     assert done.status is RunStatus.ABORTED
@@ -235,7 +236,7 @@ def test_cancel_stops_a_running_agent_within_a_heartbeat(fleet: Fleet, tmp_path:
         "code": "cancelled",
     }
     assert fleet.client.log.state(run.run_id).closed
-    root = Path(done.sandbox_ref["sandbox"]["root"])  # type: ignore[index]
+    root = Path(placed["sandbox"]["root"])  # type: ignore[index]
     assert not root.exists(), "the sandbox (and its agent) is gone"
 
 

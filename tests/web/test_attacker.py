@@ -129,8 +129,10 @@ _VOLATILE = {
              "finished_at", "owner", "attempt_id", "sandbox_host"),
     "sessions": ("updated_at", "leaf_id", "version"),
     "api_keys": ("last_used_at",),
-    "workers": ("last_seen",),  # the workers' heartbeats
 }  # fmt: skip
+_FLEET_TABLES = {"alembic_version", "workers"}
+"""Left out whole: the schema's version, and the worker processes that announce
+themselves (a pool process starting, or beating) whatever a request does."""
 _UNSETTLED = "SELECT 1 FROM runs u WHERE u.run_id = t.run_id AND u.status IN ('queued', 'running')"
 
 
@@ -142,9 +144,10 @@ def snapshot(database_url: str) -> dict[str, list[str]]:
         columns: dict[str, set[str]] = {}
         for table, column in conn.execute(
             "SELECT table_name, column_name FROM information_schema.columns "
-            "WHERE table_schema = current_schema() AND table_name <> 'alembic_version'"
+            "WHERE table_schema = current_schema()"
         ).fetchall():
-            columns.setdefault(table, set()).add(column)
+            if table not in _FLEET_TABLES:
+                columns.setdefault(table, set()).add(column)
         assert {"runs", "sessions", "api_keys", "transcript_entries", "turn_slots"} <= set(columns)
         tables = {}
         for table, names in sorted(columns.items()):
