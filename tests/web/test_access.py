@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -11,12 +12,15 @@ import pytest
 
 from tests.web.conftest import ApiKeys, WebServer, stream_tokens
 from turnkeeper.config import Settings
+from turnkeeper.embedded.ports import free_port
+from turnkeeper.embedded.redis import EmbeddedRedis
 from turnkeeper.errors import (
     AuthenticationError,
     InvalidInputError,
     StoreError,
     StoreUnavailableError,
 )
+from turnkeeper.store.store import Store
 from turnkeeper.web import create_app
 from turnkeeper.web.tokens import StreamTokens
 
@@ -181,3 +185,36 @@ def test_database_and_driver_text_never_reaches_a_response(settings: Settings) -
         "failed": (500, {"error": "internal error", "reason": "internal-error"}),
         "refused": (400, {"error": "a value was refused by the store", "reason": "invalid-value"}),
     }
+
+
+def test_the_submit_rate_fails_closed_while_redis_is_away(
+    settings: Settings, api_keys: ApiKeys, tmp_path: Path
+) -> None:
+    """The token bucket lives in Redis. With Redis away a submission is refused with 503
+    and admits nothing: failing open would let every key submit without limit exactly
+    while the log that its stream needs is unwritable."""
+    redis_server = EmbeddedRedis(tmp_path / "redis")
+    port = free_port()
+    redis_server.start(port)
+    own = settings.model_copy(update={"redis_url": redis_server.url(port)})
+    server = WebServer.start_app(create_app(own, ping_seconds=0.5))
+    try:
+        with server.http(api_keys.bob) as bob:
+            body = {"agent": "scripted", "prompt": "p"}
+            assert bob.post("/runs", json={**body, "run_id": "before"}).status_code == 201
+            redis_server.stop(port)
+            during = bob.post("/runs", json={**body, "run_id": "during"})
+            stream = bob.get("/runs/before/events")
+            listed = bob.get("/runs")
+    finally:
+        server.stop()
+        redis_server.stop(port)  # a no-op once stopped
+    unavailable = {
+        "error": "a service turnkeeper depends on is unavailable; retry later",
+        "reason": "unavailable",
+    }
+    assert (during.status_code, during.json()) == (503, unavailable)
+    assert (stream.status_code, stream.json()) == (503, unavailable)
+    assert [run["run_id"] for run in listed.json()["runs"]] == ["before"]  # Postgres alone
+    with Store(settings.require_database_url(), pool_size=1) as store:
+        assert [run.run_id for run in store.list_runs(limit=10)] == ["before"]
