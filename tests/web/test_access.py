@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +221,33 @@ def test_the_submit_rate_fails_closed_while_redis_is_away(
     assert [run["run_id"] for run in listed.json()["runs"]] == ["before"]  # Postgres alone
     with Store(settings.require_database_url(), pool_size=1) as store:
         assert [run.run_id for run in store.list_runs(limit=10)] == ["before"]
+
+
+def test_max_running_holds_across_web_processes_under_racing_submits(settings: Settings) -> None:
+    """Forty-eight submissions of one key (max_running 3) at once through two web apps,
+    with a submit rate that lets every one of them reach the admission transaction:
+    exactly three runs are admitted, and the rest get 429 ``max-running``."""
+    open_rate = settings.model_copy(update={"submit_burst": 1000, "submit_rate": 60_000.0})
+    with Store(settings.require_database_url(), pool_size=1) as store:
+        key = store.create_key("racer", max_running=3)
+    servers = [WebServer.start_app(create_app(open_rate, ping_seconds=0.5)) for _ in range(2)]
+    racers = 48
+    start = threading.Barrier(racers)
+
+    def submit(n: int) -> tuple[int, str | None]:
+        with servers[n % 2].http(key) as client:
+            start.wait()
+            body = {"agent": "scripted", "prompt": "p", "run_id": f"race-{n}"}
+            response = client.post("/runs", json=body)
+        return response.status_code, response.json().get("reason")
+
+    try:
+        with ThreadPoolExecutor(racers) as pool:
+            outcomes = Counter(pool.map(submit, range(racers)))
+    finally:
+        for server in servers:
+            server.stop()
+    assert outcomes == Counter({(201, None): 3, (429, "max-running"): racers - 3})
+    with Store(settings.require_database_url(), pool_size=1) as store:
+        runs = store.list_runs(key_name="racer", limit=100)
+    assert sorted(run.status.value for run in runs) == ["queued"] * 3
