@@ -116,6 +116,12 @@ def test_forged_expired_and_missing_tokens_are_refused(
         ({"agent": "scripted", "prompt": "p", "run_id": "x" * 256}, "at most 255 characters"),
         ({"agent": "scripted", "prompt": "p", "run_id": "a\nb"}, "run_id contains a control"),
         ({"agent": "scripted", "prompt": "p", "session_id": "a\x00"}, "session_id contains a"),
+        # Ids reach logs, terminals and the dashboard: nothing that breaks a line or
+        # reorders the text around it there (NEL, the line separator, a bidi override).
+        ({"agent": "scripted", "prompt": "p", "run_id": "a\x85b"}, "run_id contains a control"),
+        ({"agent": "scripted", "prompt": "p", "run_id": "a\u2028b"}, "run_id contains a control"),
+        ({"agent": "scripted", "prompt": "p", "run_id": "a\u202eb"}, "run_id contains a control"),
+        ({"agent": "scripted", "prompt": "p", "session_id": "\u2066x"}, "session_id contains a"),
         ({"agent": "scripted", "prompt": "p", "max_attempts": 0}, "max_attempts: Input should"),
         ({"agent": "scripted", "prompt": 5}, "prompt: Input should be a valid string"),
         ({"agent": "scripted", "prompt": "p", "max_attempts": "2"}, "max_attempts: Input should"),
