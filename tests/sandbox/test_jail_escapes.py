@@ -1,7 +1,8 @@
 """What a jailed agent may not do beyond the hostile suite's probes: make a user
 namespace of its own (where it would hold every capability again, and the kernel's
 whole namespace surface with them), or grow the jail's own filesystems past its
-memory limit (tmpfs pages are no process's data: ``RLIMIT_DATA`` never counts them).
+memory limit (tmpfs pages are no process's data: ``RLIMIT_DATA`` never counts them);
+nor reach a host's abstract unix socket or signal a process outside its jail.
 
 Both jails are tried: ``bwrap`` under a root worker (no user namespace, the agent a
 uid of its own, limits by cgroup) and the remote jail of ``ssh`` as its unprivileged
@@ -13,6 +14,8 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import socket
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,9 +23,18 @@ import pytest
 
 from tests.sandbox.conftest import TEST_UIDS, release_remote
 from turnkeeper.errors import SandboxError
-from turnkeeper.sandbox import JournalReader, Sandbox, SandboxProvider, SandboxSpec, spawn_journaled
+from turnkeeper.sandbox import (
+    JournalReader,
+    Sandbox,
+    SandboxProvider,
+    SandboxSpec,
+    spawn_journaled,
+    stderr_tail,
+)
 from turnkeeper.sandbox.bwrap import BwrapProvider
 from turnkeeper.sandbox.cgroup import CgroupTree, Limits
+from turnkeeper.sandbox.command import AgentCommand
+from turnkeeper.sandbox.journal import LIVENESS_ALIVE, liveness_argv
 from turnkeeper.sandbox.ssh import SshProvider, SshTarget
 from turnkeeper.sandbox.uids import UidPool
 
@@ -120,3 +132,56 @@ def test_a_jailed_agent_can_neither_make_a_user_namespace_nor_grow_its_filesyste
         "writes": {**writes, "/tmp": "written"},
         "tmp_bytes": LIMITS.memory_bytes,
     }
+
+
+KILLER = r"""
+import errno, json, os, signal, socket, sys
+with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+    try:
+        sock.connect(sys.argv[1].encode().replace(b"@", b"\0", 1))
+        reached = "connected"
+    except OSError as exc:
+        reached = errno.errorcode[exc.errno]
+try:
+    os.kill(-1, signal.SIGKILL)  # every process it may signal, but itself
+    killed = "signalled"
+except OSError as exc:
+    killed = errno.errorcode[exc.errno]  # ESRCH: not one
+print(json.dumps({"abstract-socket": reached, "kill-all": killed}))
+"""
+VICTIM = "echo ready; while :; do sleep 0.1; done"
+
+
+def test_an_agent_reaches_no_abstract_socket_and_no_process_outside_its_jail(
+    jailed: SandboxProvider,
+) -> None:
+    """The jail's network namespace has abstract unix sockets of its own; its pid
+    namespace takes ``kill(-1)`` to its own processes, even where the agents of all
+    sandboxes share one uid (ssh)."""
+    name = f"@turnkeeper-escape-{uuid.uuid4().hex}"
+    refs = [jailed.create(run_id, SandboxSpec()) for run_id in ("victim", "killer")]
+    try:
+        victim, killer = (jailed.resume(ref) for ref in refs)
+        assert victim is not None
+        assert killer is not None
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as host_socket:
+            host_socket.bind(name.encode().replace(b"@", b"\0", 1))
+            host_socket.listen()
+            handle = spawn_journaled(victim, "victim", VICTIM)
+            for line, _ in JournalReader(victim, handle.paths, nonce=handle.nonce):
+                assert line == b"ready"
+                break
+            command = AgentCommand(("python3", "-I", "-c", KILLER, name))
+            killed = spawn_journaled(killer, "killer", command)
+            reader = JournalReader(killer, killed.paths, nonce=killed.nonce)
+            lines = [json.loads(line) for line, _ in reader]
+        assert not stderr_tail(killer, killed.paths)
+        assert (lines, reader.exit_code) == (
+            [{"abstract-socket": "ECONNREFUSED", "kill-all": "ESRCH"}],
+            0,
+        )
+        alive = victim.exec(liveness_argv(handle.paths)).exit_code
+        assert alive == LIVENESS_ALIVE  # the other sandbox's agent runs on
+    finally:
+        for ref in refs:
+            jailed.destroy(ref)
