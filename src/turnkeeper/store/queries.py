@@ -239,8 +239,6 @@ $hand_over_to_new_attempt
 
 # --- owner locks (docs/architecture.md, "Crash detection") --------------------------------
 
-# The owner lock of a run: see OWNER_LOCK_SPACE.
-
 # The owner locks of the runs a worker process drives that it still owns, taken on its
 # lock session; the ones taken come back. CASE keeps a lock from being tried for a run
 # that moved on.
