@@ -583,6 +583,7 @@ class Attempt:
         # would stop before its final chunk. A lease that runs out meanwhile is the
         # backstop as ever: a handover makes the settle a NOT_OWNER refusal.
         self.keeper.stop()
+        failpoint(self.settings, "settling", self.claim.run_id)
         self.ownership.check()
         settled = self.ownership.confirm(self.store.settle_run(self.claim, status, error))
         self._log.info("run.finished", status=status.value, settled=settled)

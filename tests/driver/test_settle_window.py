@@ -1,0 +1,207 @@
+"""The window between an owner's last heartbeat and its settle (``Attempt._settle``).
+
+The owner stops its heartbeat before it settles, so from there on its lease only
+runs out. Each test stops the owner right there (the ``settling`` failpoint): killed
+(SIGKILL), slow past its lease, frozen (SIGSTOP) and woken after a takeover, or
+meeting a Postgres outage with no heartbeat to notice it. Whoever settles the run,
+it ends with the agent's own status and error, its final chunk lands once, and the
+whole log is the one a crash-free run makes, element by element.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.driver.fleet import Fleet
+from tests.driver.test_takeover import (
+    AGENT,
+    PROMPT,
+    _assert_log_is_oracle,
+    _assert_segments_whole,
+    _assert_transcript_once,
+    _attempts,
+)
+from tests.driver.test_zombie import _stopped_events
+from turnkeeper.agents.translator import translator_for
+from turnkeeper.chunks import Chunk
+from turnkeeper.config import Settings
+from turnkeeper.driver import lifecycle
+from turnkeeper.store.records import Run, RunStatus
+from turnkeeper.workers.failpoints import marker, release
+
+# An agent that fails on its own: its error carries its exit code and its stderr.
+FAILING: dict[str, Any] = {
+    "command": ["/bin/sh", "-c", "echo one; echo two; echo oops >&2; exit 3"],
+    "format": "text",
+}
+FAILING_ERROR = {
+    "reason": "agent-exit",
+    "message": "the agent exited with code 3",
+    "exit_code": 3,
+    "stderr": "oops\n",
+}
+OUTAGE = 6.0  # seconds: three leases of the test fleet (``FAST``)
+
+
+def _failing_oracle(run: Run, workdir: Path) -> list[Chunk]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = subprocess.run(  # noqa: S603 - the test's own agent command
+        FAILING["command"], cwd=workdir, capture_output=True, check=False, timeout=60
+    ).stdout
+    translator = translator_for("text", run.run_id)
+    chunks: list[Chunk] = [lifecycle.run_started(run.run_id, run.session_id)]
+    for line in out.splitlines(keepends=True):
+        chunks.extend(translator.feed(line))
+    chunks.extend(translator.finish())
+    chunks.append(lifecycle.run_error(FAILING_ERROR["message"], FAILING_ERROR["reason"]))
+    return chunks
+
+
+def _wait_marker(fleet: Fleet, point: str) -> None:
+    reached = marker(fleet.settings, point)
+    deadline = time.monotonic() + 120  # a hang guard
+    while not reached.exists():
+        assert time.monotonic() < deadline, fleet.dump_logs()
+        time.sleep(0.05)
+
+
+def test_a_failing_agent_settles_with_its_own_error_without_a_crash(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """The baseline the takeovers below must match."""
+    fleet.start_worker()
+    run = fleet.client.submit(FAILING, PROMPT)
+    done = fleet.wait_settled(run.run_id)
+    assert (done.status, done.error) == (RunStatus.FAILED, FAILING_ERROR), fleet.dump_logs()
+    stored = fleet.log_of(run.run_id)
+    assert [seq for seq, _ in stored] == list(range(1, len(stored) + 1))
+    assert [chunk for _, chunk in stored] == _failing_oracle(done, tmp_path / "o")
+
+
+@pytest.mark.parametrize("agent", ["completes", "fails"])
+def test_an_owner_killed_after_its_heartbeat_stopped_is_finished_once(
+    settings: Settings, database_url: str, tmp_path: Path, agent: str
+) -> None:
+    """SIGKILL between ``keeper.stop()`` and the settle statement: the successor
+    finishes from the segments, with the status and error the agent's own exit gives."""
+    fleet = Fleet.create(settings, tmp_path / "logs", failpoints="settling")
+    try:
+        fleet.start_pair()
+        spec = AGENT if agent == "completes" else FAILING
+        run = fleet.client.submit(spec, PROMPT)
+        _wait_marker(fleet, "settling")
+        owned = fleet.client.require(run.run_id)
+        assert (owned.status, owned.epoch) == (RunStatus.RUNNING, 1)
+        fleet.signal_worker_of(owned, signal.SIGKILL)
+        done = fleet.wait_settled(run.run_id)
+        assert (done.epoch, done.attempt_count) == (2, 2), fleet.dump_logs()
+        if agent == "completes":
+            assert (done.status, done.error) == (RunStatus.COMPLETED, None), fleet.dump_logs()
+            assert _attempts(database_url, run.run_id) == [(1, "superseded"), (2, "completed")]
+            _assert_log_is_oracle(fleet, done, tmp_path)
+            _assert_transcript_once(fleet, done)
+            _assert_segments_whole(fleet, done)
+        else:
+            assert (done.status, done.error) == (RunStatus.FAILED, FAILING_ERROR)
+            assert _attempts(database_url, run.run_id) == [(1, "superseded"), (2, "failed")]
+            stored = fleet.log_of(run.run_id)
+            assert [seq for seq, _ in stored] == list(range(1, len(stored) + 1))
+            assert [chunk for _, chunk in stored] == _failing_oracle(done, tmp_path / "o")
+    finally:
+        fleet.stop()
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["slow", "sigstop"])
+def test_an_owner_stalled_past_its_lease_before_its_settle_is_refused(
+    settings: Settings, database_url: str, tmp_path: Path, frozen: bool
+) -> None:
+    """The owner stops its heartbeat, then stays (slow, or SIGSTOPped) until its lease
+    ran out, a successor adopted the run and settled it. Let go, its settle is refused
+    (``store-fenced``) and it writes nothing: the log stays the successor's."""
+    fleet = Fleet.create(settings, tmp_path / "logs", failpoints="settling=pause")
+    pgid: int | None = None
+    try:
+        fleet.start_pair()
+        run = fleet.client.submit(AGENT, PROMPT)
+        _wait_marker(fleet, "settling")
+        owned = fleet.client.require(run.run_id)
+        if frozen:
+            pgid = fleet.signal_worker_of(owned, signal.SIGSTOP)
+        done = fleet.wait_settled(run.run_id)  # by the successor, on the other worker
+        assert (done.status, done.epoch, done.attempt_count) == (RunStatus.COMPLETED, 2, 2)
+        settled = fleet.log_of(run.run_id)
+        release(fleet.settings, "settling")
+        if pgid is not None:
+            os.killpg(pgid, signal.SIGCONT)
+            pgid = None
+        deadline = time.monotonic() + 60  # a hang guard
+        while not _stopped_events(fleet, owned.attempt_id or ""):
+            assert time.monotonic() < deadline, fleet.dump_logs()
+            time.sleep(0.1)
+        (event,) = _stopped_events(fleet, owned.attempt_id or "")
+        assert (event["epoch"], event["reason"]) == (1, "store-fenced")
+        assert fleet.log_of(run.run_id) == settled
+        assert _attempts(database_url, run.run_id) == [(1, "superseded"), (2, "completed")]
+        after = fleet.client.require(run.run_id)
+        assert (after.status, after.epoch, after.attempt_count) == (RunStatus.COMPLETED, 2, 2)
+        _assert_log_is_oracle(fleet, after, tmp_path)
+        _assert_transcript_once(fleet, after)
+        _assert_segments_whole(fleet, after)
+    finally:
+        if pgid is not None:
+            os.killpg(pgid, signal.SIGCONT)
+        fleet.stop()
+
+
+def _database_outage(admin_database_url: str, database_url: str, allow: bool) -> None:
+    """Refuse (or allow again) every connection to the test's database, and end the
+    ones it has: for this database, Postgres is down."""
+    name = psycopg.conninfo.conninfo_to_dict(database_url)["dbname"]
+    with psycopg.connect(admin_database_url, autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS {str(allow).lower()}')
+        if not allow:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> pg_backend_pid()",
+                (name,),
+            )
+
+
+def test_a_postgres_outage_during_the_settle_ends_the_run_once(
+    settings: Settings, admin_database_url: str, database_url: str, tmp_path: Path
+) -> None:
+    """Postgres goes down as the owner settles, with its heartbeat already stopped, for
+    three leases. The owner retries its settle meanwhile; once Postgres is back either
+    it settles first, or the reconciler hands the run over and the owner's settle is
+    refused. Either way the run completes once, its final chunk lands once."""
+    fleet = Fleet.create(settings, tmp_path / "logs", failpoints="settling=pause")
+    try:
+        fleet.start_pair()
+        run = fleet.client.submit(AGENT, PROMPT)
+        _wait_marker(fleet, "settling")
+        _database_outage(admin_database_url, database_url, allow=False)
+        try:
+            release(fleet.settings, "settling")
+            time.sleep(OUTAGE)
+        finally:
+            _database_outage(admin_database_url, database_url, allow=True)
+        done = fleet.wait_settled(run.run_id, timeout=180)
+        assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
+        history = _attempts(database_url, run.run_id)
+        assert history in ([(1, "completed")], [(1, "superseded"), (2, "completed")]), history
+        assert (done.epoch, done.attempt_count) == (len(history), len(history))
+        _assert_log_is_oracle(fleet, done, tmp_path)
+        _assert_transcript_once(fleet, done)
+        _assert_segments_whole(fleet, done)
+        print("history:", history)  # noqa: T201 - which side won, for the report
+    finally:
+        fleet.stop()
+
