@@ -205,3 +205,34 @@ def test_a_postgres_outage_during_the_settle_ends_the_run_once(
     finally:
         fleet.stop()
 
+
+
+def test_an_agent_killed_past_its_memory_limit_keeps_that_reason_after_a_takeover(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The owner dies before it settles an agent the memory limit killed: the successor
+    reads the limit from the sandbox as the owner would have, not a bare exit 137."""
+    fleet = Fleet.create(
+        settings, tmp_path / "logs", sandbox_memory=64 * 1024 * 1024, failpoints="settling"
+    )
+    try:
+        fleet.start_pair()
+        hog = "echo start; exec python3 -c 'x = b\"m\" * (512 * 1024 * 1024)'"
+        run = fleet.client.submit({"command": ["/bin/sh", "-c", hog], "format": "text"}, "p")
+        _wait_marker(fleet, "settling")
+        fleet.signal_worker_of(fleet.client.require(run.run_id), signal.SIGKILL)
+        done = fleet.wait_settled(run.run_id)
+        assert (done.status, done.epoch) == (RunStatus.FAILED, 2), fleet.dump_logs()
+        assert done.error == {
+            "reason": "memory-limit",
+            "message": "the agent passed its memory limit and was killed",
+            "exit_code": 137,
+            "stderr": "",
+            "limits": {"memory_kills": 1, "pid_limit_hits": 0},
+        }
+        assert fleet.log_of(run.run_id)[-1] == (
+            len(fleet.log_of(run.run_id)),
+            lifecycle.run_error("the agent passed its memory limit and was killed", "memory-limit"),
+        )
+    finally:
+        fleet.stop()
