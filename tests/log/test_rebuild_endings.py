@@ -9,20 +9,21 @@ rebuilt because Postgres is down too is a service error, at once, not a spin.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import pytest
 
-from tests.log.test_rebuild import LINES, Owner, _admit, lose, rt  # noqa: F401 - fixture
+from tests.log.test_rebuild import LINES, Owner, _admit, lose
 from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
-from turnkeeper.embedded.ports import free_port
 from turnkeeper.driver import lifecycle
 from turnkeeper.driver.output import end_log
 from turnkeeper.driver.replay import StoredLog
+from turnkeeper.embedded.ports import free_port
 from turnkeeper.errors import ServiceError, StoreUnavailableError
-from turnkeeper.log import RunLog
+from turnkeeper.log import AsyncRunLog, RunLog
 from turnkeeper.reconciler import end_run_log
 from turnkeeper.store.records import RunStatus
 from turnkeeper.store.store import Store
@@ -50,6 +51,13 @@ class LosingBeforeWrite(RunLog):
         super().close(run_id, epoch)
 
 
+@pytest.fixture
+def rt(settings: Settings) -> Iterator[WorkerRuntime]:
+    runtime = WorkerRuntime.open(settings)
+    yield runtime
+    runtime.close()
+
+
 def _settled_without_final(rt: WorkerRuntime, run_id: str) -> tuple[Owner, Chunk]:
     """An owner that replayed the whole journal and settled the run aborted (a cancel),
     its final chunk not appended yet: what ``Attempt._abort`` holds before ``end_log``."""
@@ -64,7 +72,7 @@ def _settled_without_final(rt: WorkerRuntime, run_id: str) -> tuple[Owner, Chunk
 
 @pytest.mark.parametrize("lost_before", ["append", "close"])
 def test_an_owner_ending_its_log_meets_it_rebuilt_and_closed(
-    rt: WorkerRuntime,  # noqa: F811 - the fixture
+    rt: WorkerRuntime,
     settings: Settings,
     lost_before: str,
 ) -> None:
@@ -83,7 +91,7 @@ def test_an_owner_ending_its_log_meets_it_rebuilt_and_closed(
 
 @pytest.mark.parametrize("lost_before", ["append", "close"])
 def test_the_reaper_ending_a_log_meets_it_rebuilt_and_closed(
-    rt: WorkerRuntime,  # noqa: F811 - the fixture
+    rt: WorkerRuntime,
     settings: Settings,
     lost_before: str,
 ) -> None:
@@ -109,10 +117,12 @@ def _down_store() -> Store:
     return Store(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/nowhere")
 
 
-def test_a_lost_log_with_postgres_down_is_a_service_error_at_once(
-    rt: WorkerRuntime,  # noqa: F811 - the fixture
+def test_a_lost_log_with_postgres_down_is_a_service_error(
+    rt: WorkerRuntime,
     settings: Settings,
 ) -> None:
+    """The sync reader and the web's async one: a ServiceError once the store gives up
+    (its pool's own wait), the log left missing, never half made nor read as empty."""
     _admit(rt, "down-1")
     owner = Owner(rt, "down-1")
     owner.consume(LINES[:10])
@@ -120,19 +130,23 @@ def test_a_lost_log_with_postgres_down_is_a_service_error_at_once(
     lose(rt.log, "down-1")
     down = _down_store()
     reader = RunLog.from_settings(settings, source=StoredLog(down))
+
+    async def web_state() -> None:
+        web = AsyncRunLog.from_settings(settings)
+        web.restorer = reader
+        try:
+            await web.state("down-1")
+        finally:
+            await web.aclose()
+
     try:
-        for read in (
-            lambda: reader.state("down-1"),
-            lambda: reader.snapshot("down-1"),
-            lambda: list(reader.read("down-1")),
-        ):
+        for read in (lambda: reader.state("down-1"), lambda: asyncio.run(web_state())):
             with pytest.raises(ServiceError) as info:
                 read()
             assert isinstance(info.value, StoreUnavailableError)
-        keys = reader.keys("down-1")
-        assert not reader.client.exists(keys.meta, keys.stream)  # nothing half-made
+            keys = reader.keys("down-1")
+            assert reader.client.exists(keys.meta, keys.stream) == 0  # nothing half-made
     finally:
         reader.client.close()
         down.close()
     assert rt.log.snapshot("down-1") == before  # rebuilt once Postgres answers
-
