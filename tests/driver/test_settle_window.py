@@ -20,7 +20,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.driver.fleet import Fleet
+from tests.driver.fleet import Fleet, expected_log
+from tests.driver.test_log_loss import lose_logs
 from tests.driver.test_takeover import (
     AGENT,
     PROMPT,
@@ -231,6 +232,60 @@ def test_an_agent_killed_past_its_memory_limit_keeps_that_reason_after_a_takeove
         assert fleet.log_of(run.run_id)[-1] == (
             len(fleet.log_of(run.run_id)),
             lifecycle.run_error("the agent passed its memory limit and was killed", "memory-limit"),
+        )
+    finally:
+        fleet.stop()
+
+
+# A turn long enough to hold its worker's slot while the victim's takeover waits.
+BLOCKER: dict[str, Any] = {
+    "command": ["/bin/sh", "-c", "for i in $(seq 1 40); do echo line $i; sleep 0.5; done"],
+    "format": "text",
+}
+
+
+def test_a_stalled_settle_on_a_saturated_fleet_costs_one_adoption(
+    settings: Settings, database_url: str, tmp_path: Path
+) -> None:
+    """Two one-slot workers: one busy with a long turn, the other's owner stalled before
+    its settle past its lease. The handover comes, the takeover waits for a slot (the
+    stalled owner still holds its own), and Redis loses both logs meanwhile. Let go, the
+    stalled owner's settle is refused, its slot frees, the takeover is adopted there:
+    one claim and one adoption, two attempts, both logs the oracle."""
+    fleet = Fleet.create(settings, tmp_path / "logs", failpoints="settling=pause")
+    try:
+        fleet.start_pair()
+        fleet.wait_ready()
+        busy = fleet.client.submit(BLOCKER, PROMPT)
+        fleet.wait(busy.run_id, lambda r: r.owner is not None, what="an owner")
+        victim = fleet.client.submit(AGENT, PROMPT)
+        _wait_marker(fleet, "settling")
+        stalled = fleet.client.require(victim.run_id)
+        handed = fleet.wait(victim.run_id, lambda r: r.awaiting_adoption, what="a handover")
+        assert (handed.epoch, handed.attempt_count, handed.owner) == (2, 1, None)
+        assert lose_logs(fleet) == 4  # two runs, a stream and a meta each
+        time.sleep(2 * fleet.settings.requeue_after)  # redispatched, still no slot free
+        waiting = fleet.client.require(victim.run_id)
+        assert (waiting.epoch, waiting.attempt_count, waiting.owner) == (2, 1, None)
+        assert fleet.client.require(busy.run_id).status is RunStatus.RUNNING
+        release(fleet.settings, "settling")
+        done = fleet.wait_settled(victim.run_id, timeout=180)
+        assert (done.status, done.epoch, done.attempt_count) == (RunStatus.COMPLETED, 2, 2), (
+            done.error,
+            fleet.dump_logs(),
+        )
+        assert _attempts(database_url, victim.run_id) == [(1, "superseded"), (2, "completed")]
+        (event,) = _stopped_events(fleet, stalled.attempt_id or "")
+        assert (event["epoch"], event["reason"]) == (1, "store-fenced")
+        _assert_log_is_oracle(fleet, done, tmp_path)
+        _assert_transcript_once(fleet, done)
+        _assert_segments_whole(fleet, done)
+        busy_done = fleet.wait_settled(busy.run_id, timeout=180)
+        assert (busy_done.status, busy_done.attempt_count) == (RunStatus.COMPLETED, 1)
+        stored = fleet.log_of(busy.run_id)
+        assert [seq for seq, _ in stored] == list(range(1, len(stored) + 1))
+        assert [chunk for _, chunk in stored] == expected_log(
+            busy.run_id, busy.session_id, BLOCKER, PROMPT, tmp_path / "oracle-busy"
         )
     finally:
         fleet.stop()
