@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
+import time
 from collections.abc import Iterator, Sequence
 
 import pytest
+import redis
 
 from tests.log.test_rebuild import LINES, Owner, _admit, lose
 from turnkeeper.chunks import Chunk
@@ -22,8 +25,14 @@ from turnkeeper.driver import lifecycle
 from turnkeeper.driver.output import end_log
 from turnkeeper.driver.replay import StoredLog
 from turnkeeper.embedded.ports import free_port
-from turnkeeper.errors import ServiceError, StoreUnavailableError
+from turnkeeper.errors import (
+    LogUnavailableError,
+    OwnershipLostError,
+    ServiceError,
+    StoreUnavailableError,
+)
 from turnkeeper.log import AsyncRunLog, RunLog
+from turnkeeper.log.origin import LogOrigin
 from turnkeeper.reconciler import end_run_log
 from turnkeeper.store.records import RunStatus
 from turnkeeper.store.store import Store
@@ -150,3 +159,123 @@ def test_a_lost_log_with_postgres_down_is_a_service_error(
         reader.client.close()
         down.close()
     assert rt.log.snapshot("down-1") == before  # rebuilt once Postgres answers
+
+
+class HeldSource:
+    """The fleet's source (``StoredLog``), whose rebuild stops after its first page
+    until the test lets it go: a rebuild in progress, at an exact point."""
+
+    def __init__(self, store: Store, page_size: int) -> None:
+        self.inner = StoredLog(store)
+        self.page_size = page_size
+        self.paused = threading.Event()
+        self.go = threading.Event()
+
+    def origin(self, run_id: str) -> LogOrigin | None:
+        origin = self.inner.origin(run_id)
+        if origin is None:
+            return None
+
+        def chunks() -> Iterator[Chunk]:
+            for index, chunk in enumerate(origin.chunks):
+                if index == self.page_size + 1:  # the first page is written by now
+                    self.paused.set()
+                    assert self.go.wait(60)
+                yield chunk
+
+        return dataclasses.replace(origin, chunks=chunks())
+
+
+def test_a_fenced_zombies_append_racing_a_rebuild_is_refused(
+    rt: WorkerRuntime, settings: Settings
+) -> None:
+    """A rebuild holds the lost log, its first page written, when a zombie (handed over
+    in Postgres) appends: refused while the rebuild runs, then fenced by the epoch the
+    rebuild brought back. The rebuilt log is the one Postgres holds."""
+    _admit(rt, "zrace-1")
+    first = rt.store.claim_run("zrace-1", "zombie", 0.5)
+    assert first is not None
+    zombie = Owner(rt, "zrace-1", first)
+    zombie.consume(LINES[:12])
+    before = rt.log.snapshot("zrace-1")
+    while not rt.store.hand_over_expired(10):
+        time.sleep(0.1)
+    lose(rt.log, "zrace-1")
+    source = HeldSource(rt.store, page_size=5)
+    rebuilder = RunLog(
+        redis.Redis.from_url(settings.require_redis_url()),
+        namespace=settings.namespace,
+        page_size=5,
+        source=source,
+    )
+    seen: list[list[tuple[int, Chunk]]] = []
+    reader = threading.Thread(target=lambda: seen.append(rebuilder.snapshot("zrace-1")))
+    reader.start()
+    try:
+        assert source.paused.wait(60)
+        assert rt.log.client.hget(rt.log.keys("zrace-1").meta, "rebuilding") is not None
+        refused: list[BaseException] = []
+
+        def late_append() -> None:
+            try:
+                zombie.emit([lifecycle.run_error("late", "late")])
+            except BaseException as exc:  # noqa: BLE001 - what the zombie meets, checked below
+                refused.append(exc)
+
+        appender = threading.Thread(target=late_append)
+        appender.start()
+        time.sleep(0.5)  # the zombie's append waits on the rebuild, not refused yet
+        assert appender.is_alive()
+        assert not refused
+        source.go.set()
+        appender.join(60)
+        reader.join(60)
+    finally:
+        source.go.set()
+        rebuilder.client.close()
+    assert [type(exc) for exc in refused] == [OwnershipLostError]
+    assert zombie.lost.is_set()
+    assert seen == [before]
+    assert rt.log.snapshot("zrace-1") == before
+    assert rt.log.state("zrace-1").epoch == 2
+
+
+def test_state_under_a_loss_racing_every_look_is_whole_or_a_service_error(
+    rt: WorkerRuntime, settings: Settings
+) -> None:
+    """A thread deletes the log as fast as it can while ``state()`` is asked again and
+    again: every answer is the whole log's extent (never a missing or empty one), or,
+    lost after every rebuild, a ServiceError. Once the racing stops, it is the log."""
+    _admit(rt, "flush-1")
+    owner = Owner(rt, "flush-1")
+    owner.consume(LINES)
+    owner.finish()
+    whole = rt.log.snapshot("flush-1")
+    reader = RunLog.from_settings(settings, source=rt.log.source)
+    stop = threading.Event()
+    deleted = [0]
+
+    def flush() -> None:
+        keys = reader.keys("flush-1")
+        while not stop.is_set():
+            deleted[0] += int(reader.client.delete(keys.stream, keys.meta))
+
+    answers: list[tuple[bool, bool, int, int] | str] = []
+    racer = threading.Thread(target=flush)
+    racer.start()
+    try:
+        for _ in range(10):
+            try:
+                state = reader.state("flush-1")
+            except LogUnavailableError as exc:
+                answers.append(str(exc.reason))
+                continue
+            answers.append((state.exists, state.closed, state.first_seq, state.last_seq))
+    finally:
+        stop.set()
+        racer.join()
+    assert deleted[0] > 0
+    extent = (True, True, 1, len(whole))
+    assert set(answers) <= {extent, "lost-under-read"}, answers
+    assert reader.snapshot("flush-1") == whole
+    reader.client.close()
