@@ -5,13 +5,23 @@ from pathlib import Path
 
 import pytest
 
-from tests.driver.fleet import Fleet
+from tests.driver.fleet import DEFAULT_TIMING, Fleet
 from turnkeeper.config import Settings
 
 
 @pytest.fixture
 def fleet(settings: Settings, tmp_path: Path) -> Iterator[Fleet]:
     fleet = Fleet.create(settings, tmp_path / "logs")
+    try:
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+@pytest.fixture
+def default_fleet(settings: Settings, tmp_path: Path) -> Iterator[Fleet]:
+    """A fleet at the settings' own lease, heartbeat, reconcile and requeue timing."""
+    fleet = Fleet.create(settings, tmp_path / "logs", **DEFAULT_TIMING)
     try:
         yield fleet
     finally:

@@ -8,6 +8,7 @@ while the agents it started live on), on the test's database, Redis namespace
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -42,6 +43,11 @@ FAST: dict[str, Any] = {
         dict.fromkeys([sys.prefix, sys.base_prefix, str(Path(turnkeeper.__file__).parent)])
     ),
     "reap_interval": 5.0,
+}
+# The settings' own timing, for tests of what a fleet does at its defaults.
+DEFAULT_TIMING: dict[str, Any] = {
+    name: Settings.model_fields[name].default
+    for name in ("lease_ttl", "heartbeat_interval", "reconcile_interval", "requeue_after")
 }
 CELERY_QUIET = ["--without-mingle", "--without-gossip", "--without-heartbeat"]
 
@@ -144,6 +150,35 @@ class Fleet:
             f"===== {path.name}\n{path.read_text(errors='replace')[-6000:]}"
             for path in sorted(self.logs.glob("*.log"))
         )
+
+    def events(
+        self, *names: str, run_id: str | None = None, needle: str = "", files: str = "*.log"
+    ) -> list[dict[str, Any]]:
+        """The structured log lines named one of ``names`` (about ``run_id``, and holding
+        ``needle``, when given) in the log files that ``files`` matches, in the order each
+        process wrote them (the tests that read an order run one worker)."""
+        found = []
+        for path in sorted(self.logs.glob(files)):
+            for line in path.read_text(errors="replace").splitlines():
+                if not line.startswith("{") or needle not in line:
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:  # a line cut by a SIGKILL
+                    continue
+                if record.get("event") in names and run_id in (None, record.get("run_id")):
+                    found.append(record)
+        return found
+
+    def wait_events(
+        self, *names: str, count: int = 1, timeout: float = 60.0, **where: str
+    ) -> list[dict[str, Any]]:
+        """Until ``count`` such lines are logged (a hang guard, not a timing assertion)."""
+        deadline = time.monotonic() + timeout
+        while len(found := self.events(*names, **where)) < count:
+            assert time.monotonic() < deadline, f"fewer than {count} {names}\n" + self.dump_logs()
+            time.sleep(0.05)
+        return found
 
     # --- runs --------------------------------------------------------------------------
 

@@ -8,7 +8,6 @@ runs behind a takeover, on both brokers.
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from pathlib import Path
@@ -29,22 +28,6 @@ from turnkeeper.workers.runtime import WorkerRuntime
 AGENT: dict[str, Any] = {"preset": "scripted", "turns": 3, "pace": 0.1, "seed": 12}
 LONG: dict[str, Any] = {"preset": "scripted", "turns": 3, "pace": 0.2, "seed": 13}
 PROMPT = "wait for a slot"
-
-
-def events(fleet: Fleet, event: str, run_id: str) -> list[dict[str, Any]]:
-    """The fleet's structured log lines of ``event`` about ``run_id``, every process."""
-    found = []
-    for path in sorted(fleet.logs.glob("*.log")):
-        for line in path.read_text(errors="replace").splitlines():
-            if not line.startswith("{"):
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if record.get("event") == event and record.get("run_id") == run_id:
-                found.append(record)
-    return found
 
 
 def attempts(database_url: str, run_id: str) -> list[tuple[int, str | None]]:
@@ -89,12 +72,12 @@ def test_a_takeover_waits_for_a_slot_on_a_saturated_fleet(
         assert long_done.status is RunStatus.COMPLETED
         # The takeover waited behind the long run: sent again while it waited, and only
         # adopted once that slot was free.
-        sent = events(fleet, "takeover.enqueued", victim.run_id) + events(
-            fleet, "takeover.redispatched", victim.run_id
+        sent = fleet.events("takeover.enqueued", run_id=victim.run_id) + fleet.events(
+            "takeover.redispatched", run_id=victim.run_id
         )
-        assert len(events(fleet, "takeover.enqueued", victim.run_id)) == 1
-        assert len(events(fleet, "takeover.redispatched", victim.run_id)) >= 1
-        adopted = events(fleet, "attempt.adopted", victim.run_id)
+        assert len(fleet.events("takeover.enqueued", run_id=victim.run_id)) == 1
+        assert len(fleet.events("takeover.redispatched", run_id=victim.run_id)) >= 1
+        adopted = fleet.events("attempt.adopted", run_id=victim.run_id)
         assert [(a["epoch"], a["attempt_id"]) for a in adopted] == [(2, done.attempt_id)]
         assert (done.epoch, done.attempt_count) == (2, 2), "one claim, one adoption"
         assert attempts(database_url, victim.run_id) == [(1, "superseded"), (2, "completed")]
@@ -103,10 +86,10 @@ def test_a_takeover_waits_for_a_slot_on_a_saturated_fleet(
         # Every duplicate the reconciler sent while the run waited is consumed in the
         # end, and none of them adopted anything.
         deadline = time.monotonic() + 120  # a hang guard
-        while len(events(fleet, "takeover.not_adopted", victim.run_id)) < len(sent) - 1:
+        while len(fleet.events("takeover.not_adopted", run_id=victim.run_id)) < len(sent) - 1:
             assert time.monotonic() < deadline, fleet.dump_logs()
             time.sleep(0.2)
-        assert len(events(fleet, "attempt.adopted", victim.run_id)) == 1
+        assert len(fleet.events("attempt.adopted", run_id=victim.run_id)) == 1
         assert fleet.client.require(victim.run_id).attempt_count == 2
     finally:
         fleet.stop()
@@ -143,13 +126,14 @@ def test_duplicate_takeover_messages_adopt_once(
     done = fleet.wait_settled(run.run_id)
     assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
     deadline = time.monotonic() + 60  # a hang guard
-    while len(events(fleet, "takeover.not_adopted", run.run_id)) < 2:
+    while len(fleet.events("takeover.not_adopted", run_id=run.run_id)) < 2:
         assert time.monotonic() < deadline, fleet.dump_logs()
         time.sleep(0.1)
-    adopted = events(fleet, "attempt.adopted", run.run_id)
+    adopted = fleet.events("attempt.adopted", run_id=run.run_id)
     assert [(a["attempt_id"], a["epoch"]) for a in adopted] == [(attempt_id, epoch)]
     assert [
-        (n["attempt_id"], n["epoch"]) for n in events(fleet, "takeover.not_adopted", run.run_id)
+        (n["attempt_id"], n["epoch"])
+        for n in fleet.events("takeover.not_adopted", run_id=run.run_id)
     ] == [(attempt_id, epoch)] * 2
     assert (done.epoch, done.attempt_count) == (2, 2)
     assert attempts(database_url, run.run_id) == [(1, "superseded"), (2, "completed")]
@@ -230,7 +214,7 @@ def test_a_run_whose_owners_die_twice_on_a_saturated_fleet_completes(
         assert (done.epoch, done.attempt_count) == (3, 3)
         assert done.attempt_count <= Settings().max_attempts
         adoptions = sorted(
-            events(fleet, "attempt.adopted", victim.run_id), key=lambda a: a["epoch"]
+            fleet.events("attempt.adopted", run_id=victim.run_id), key=lambda a: a["epoch"]
         )
         assert [(a["epoch"], a["attempt_id"]) for a in adoptions][-1] == (3, done.attempt_id)
         assert [a["epoch"] for a in adoptions] == [2, 3]  # one adoption per attempt after the claim

@@ -7,7 +7,6 @@ takeover) or a dead one missed, against real Postgres, Redis and worker processe
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import signal
 import threading
@@ -20,8 +19,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.driver.fleet import Fleet, expected_log
-from tests.driver.test_crash_takeover import DEFAULT_TIMING, attempts, handed_over_at, mid_run
+from tests.driver.fleet import DEFAULT_TIMING, Fleet, expected_log
+from tests.driver.test_crash_takeover import attempts, handed_over_at, mid_run
 from tests.driver.test_crash_watcher import _running, _terminate, _wait
 from tests.driver.test_takeover import AGENT, PROMPT, _assert_log_is_oracle, _assert_transcript_once
 from turnkeeper.config import Settings
@@ -36,15 +35,6 @@ from turnkeeper.watcher import CrashWatcher
 from turnkeeper.workers.failpoints import marker
 from turnkeeper.workers.owner_locks import OwnerLocks
 from turnkeeper.workers.runtime import WorkerRuntime
-
-
-@pytest.fixture
-def default_fleet(settings: Settings, tmp_path: Path) -> Iterator[Fleet]:
-    fleet = Fleet.create(settings, tmp_path / "logs", **DEFAULT_TIMING)
-    try:
-        yield fleet
-    finally:
-        fleet.stop()
 
 
 def _terminate_lock_session(fleet: Fleet, owner: str) -> int:
@@ -75,7 +65,9 @@ def test_a_lock_session_ended_while_its_owner_is_frozen_is_no_crash(
     try:
         assert _terminate_lock_session(fleet, owned.owner) == 1
         # Frozen until the watcher saw the lock free, waited its grace and looked twice.
-        _wait_logged(fleet, "beat-*.log", "crash.owner_alive", owned.attempt_id, count=2)
+        fleet.wait_events(
+            "crash.owner_alive", needle=owned.attempt_id or "", files="beat-*.log", count=2
+        )
     finally:
         os.killpg(pgid, signal.SIGCONT)
     done = fleet.wait_settled(run.run_id)
@@ -83,25 +75,6 @@ def test_a_lock_session_ended_while_its_owner_is_frozen_is_no_crash(
     assert attempts(fleet, run.run_id) == [(1, "completed", None)], fleet.dump_logs()
     _assert_log_is_oracle(fleet, done, tmp_path)
     _assert_transcript_once(fleet, done)
-
-
-def _logged(fleet: Fleet, pattern: str, event: str, needle: str | None) -> list[dict[str, Any]]:
-    return [
-        json.loads(line)
-        for path in fleet.logs.glob(pattern)
-        for line in path.read_text(errors="replace").splitlines()
-        if line.startswith("{") and f'"{event}"' in line and (needle or "") in line
-    ]
-
-
-def _wait_logged(
-    fleet: Fleet, pattern: str, event: str, needle: str | None, count: int = 1
-) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + 60  # a hang guard, not a timing assertion
-    while len(found := _logged(fleet, pattern, event, needle)) < count:
-        assert time.monotonic() < deadline, fleet.dump_logs()
-        time.sleep(0.05)
-    return found
 
 
 @pytest.fixture
@@ -150,7 +123,7 @@ def test_a_postgres_restart_hands_nothing_over_and_detection_resumes(
         before_kill = _db_now(fleet)
         _wait_for(lambda: (_db_now(fleet) - before_kill).total_seconds() > 1.5, fleet)
         killed_at = _db_now(fleet)
-        assert _logged(fleet, "beat-*.log", "crash.suspected", None) == []  # not even once
+        assert fleet.events("crash.suspected", files="beat-*.log") == []  # not even once
         with psycopg.connect(fleet.settings.require_database_url()) as conn:
             row = conn.execute(
                 "SELECT lease_expires_at FROM runs WHERE run_id = %s", (run.run_id,)
@@ -328,8 +301,10 @@ def test_a_watcher_killed_between_handover_and_message_loses_nothing(
             (1, "superseded", "crash"),
             (2, "completed", None),
         ], fleet.dump_logs()
-        assert len(_logged(fleet, "beat-*.log", "takeover.redispatched", run.run_id)) >= 1
-        adopted = _logged(fleet, "worker-*.log", "attempt.adopted", run.run_id)
+        assert (
+            len(fleet.events("takeover.redispatched", needle=run.run_id, files="beat-*.log")) >= 1
+        )
+        adopted = fleet.events("attempt.adopted", needle=run.run_id, files="worker-*.log")
         assert [e["epoch"] for e in adopted] == [2]
         oracle = expected_log(run.run_id, run.session_id, LONG, PROMPT, tmp_path / "oracle")
         assert [chunk for _, chunk in fleet.log_of(run.run_id)] == oracle

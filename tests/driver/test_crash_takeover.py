@@ -9,37 +9,20 @@ the handover's time against the lease the dead owner held), never on wall time.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import psutil
 import psycopg
-import pytest
 
 from tests.driver.fleet import Fleet, expected_log
 from tests.driver.test_takeover import AGENT, PROMPT, _assert_log_is_oracle, _assert_transcript_once
 from turnkeeper.config import Settings
 from turnkeeper.store.records import Run, RunStatus
-
-DEFAULT_TIMING: dict[str, Any] = {
-    name: Settings.model_fields[name].default
-    for name in ("lease_ttl", "heartbeat_interval", "reconcile_interval", "requeue_after")
-}
-
-
-@pytest.fixture
-def default_fleet(settings: Settings, tmp_path: Path) -> Iterator[Fleet]:
-    fleet = Fleet.create(settings, tmp_path / "logs", **DEFAULT_TIMING)
-    try:
-        yield fleet
-    finally:
-        fleet.stop()
 
 
 def attempts(fleet: Fleet, run_id: str) -> list[tuple[int, str | None, str | None]]:
@@ -178,27 +161,15 @@ def test_dropping_the_owners_connections_loses_and_doubles_nothing(
     ]
     if done.epoch > 1:
         # The watcher won a race: the owner that lost it stopped when it was refused.
-        stopped = _events(fleet, "attempt.stopped", owned.attempt_id or "")
+        stopped = fleet.wait_events(
+            "attempt.stopped", needle=owned.attempt_id or "", files="worker-*.log"
+        )
         assert [e["epoch"] for e in stopped] == [1], fleet.dump_logs()
     print(f"connections dropped: the run ended at epoch {done.epoch} ({causes})")
     oracle = expected_log(run.run_id, run.session_id, slow, PROMPT, tmp_path / "oracle")
     stored = fleet.log_of(run.run_id)
     assert [seq for seq, _ in stored] == list(range(1, len(stored) + 1))
     assert [chunk for _, chunk in stored] == oracle
-
-
-def _events(fleet: Fleet, event: str, attempt_id: str) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + 60  # a hang guard: the loser notices at its next write
-    while True:
-        found = [
-            json.loads(line)
-            for path in fleet.logs.glob("worker-*.log")
-            for line in path.read_text(errors="replace").splitlines()
-            if f'"{event}"' in line and attempt_id in line
-        ]
-        if found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.1)
 
 
 RUNS_AT_ONCE = 20

@@ -28,7 +28,6 @@ from tests.driver.test_takeover import (
     _attempts,
     _oracle,
 )
-from tests.driver.test_zombie import _stopped_events
 from turnkeeper.chunks import Chunk
 from turnkeeper.driver.placement import Placement
 from turnkeeper.log import RunLog
@@ -97,11 +96,9 @@ def test_a_zombie_after_the_loss_is_refused(fleet: Fleet, tmp_path: Path) -> Non
         os.killpg(pgid, signal.SIGCONT)
     assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
     assert fleet.client.log.state(run.run_id).epoch == 2
-    deadline = time.monotonic() + 60  # a hang guard
-    while not _stopped_events(fleet, frozen.attempt_id or ""):
-        assert time.monotonic() < deadline, fleet.dump_logs()
-        time.sleep(0.1)
-    (event,) = _stopped_events(fleet, frozen.attempt_id or "")
+    (event,) = fleet.wait_events(
+        "attempt.stopped", needle=frozen.attempt_id or "", files="worker-*.log"
+    )
     assert event["epoch"] == 1
     assert fleet.log_of(run.run_id) == settled
     _assert_log_is_oracle(fleet, done, tmp_path)
@@ -225,11 +222,9 @@ def test_a_zombie_woken_after_a_loss_before_any_adoption_is_refused(
     assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
     assert (done.epoch, done.attempt_count) == (2, 2)
     assert _attempts(database_url, run.run_id) == [(1, "superseded"), (2, "completed")]
-    deadline = time.monotonic() + 60  # a hang guard
-    while not _stopped_events(fleet, frozen.attempt_id or ""):
-        assert time.monotonic() < deadline, fleet.dump_logs()
-        time.sleep(0.1)
-    (event,) = _stopped_events(fleet, frozen.attempt_id or "")
+    (event,) = fleet.wait_events(
+        "attempt.stopped", needle=frozen.attempt_id or "", files="worker-*.log"
+    )
     assert event["epoch"] == 1
     stored = fleet.log_of(run.run_id)
     assert stored[: len(before)] == before

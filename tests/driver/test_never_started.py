@@ -14,7 +14,6 @@ interruption mark, no continuation counted."""
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from pathlib import Path
@@ -119,9 +118,10 @@ def test_writer_start_lost(
             "journal.never_started",
             "journal.spawned",
         ], fleet.dump_logs()
-        assert [e["reason"] for e in events_of(fleet, run.run_id, "journal.lost")] == [
-            "journal-stalled"
-        ]
+        assert [
+            e["reason"]
+            for e in fleet.events("journal.lost", run_id=run.run_id, files="worker-*.log")
+        ] == ["journal-stalled"]
         assert_started_once(fleet, done, agent, tmp_path / "oracle", database_url)
     finally:
         fleet.stop()
@@ -161,26 +161,12 @@ PATH_EVENTS = {
 }
 
 
-def events_of(fleet: Fleet, run_id: str, *names: str) -> list[dict[str, Any]]:
-    """The structured log lines about ``run_id`` named ``names``, in the order each
-    process wrote them (the tests that read an order run one worker)."""
-    found = []
-    for path in sorted(fleet.logs.glob("worker-*.log")):
-        for line in path.read_text(errors="replace").splitlines():
-            if not line.startswith("{"):
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if record.get("event") in names and record.get("run_id") == run_id:
-                found.append(record)
-    return found
-
-
 def path_events(fleet: Fleet, run_id: str) -> list[str]:
     """The run's journal events: which way it reached the journal that never started."""
-    return [record["event"] for record in events_of(fleet, run_id, *PATH_EVENTS)]
+    return [
+        record["event"]
+        for record in fleet.events(*PATH_EVENTS, run_id=run_id, files="worker-*.log")
+    ]
 
 
 def _journal(process: int, lost: str | None) -> PlacedJournal:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.driver.fleet import Fleet
-from tests.driver.test_adoption import AGENT, PROMPT, assert_log_is_oracle, attempts, events
+from tests.driver.test_adoption import AGENT, PROMPT, assert_log_is_oracle, attempts
 from tests.sshd import Sshd, sshd_unavailable
 from turnkeeper.config import Settings
 from turnkeeper.errors import SandboxUnreachableError
@@ -54,7 +54,7 @@ def test_the_ssh_link_dropped_for_five_seconds_mid_run(
         # No takeover: the lease was renewed all along, the link was retried.
         assert (done.epoch, done.attempt_count) == (1, 1)
         assert attempts(database_url, run.run_id) == [(1, "completed")]
-        assert events(fleet, "journal.link_lost", run.run_id), "the follow saw the cut"
+        assert fleet.events("journal.link_lost", run_id=run.run_id), "the follow saw the cut"
         assert_log_is_oracle(fleet, done, AGENT, tmp_path / "oracle")
     finally:
         fleet.stop()

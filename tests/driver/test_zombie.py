@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import time
 from pathlib import Path
 
 from tests.driver.fleet import Fleet
 from tests.driver.test_takeover import AGENT, PROMPT, _assert_log_is_oracle, _assert_transcript_once
 from turnkeeper.store.records import RunStatus
-
-
-def _stopped_events(fleet: Fleet, attempt_id: str) -> list[dict[str, object]]:
-    lines = [
-        line
-        for path in fleet.logs.glob("worker-*.log")
-        for line in path.read_text(errors="replace").splitlines()
-    ]
-    return [
-        json.loads(line) for line in lines if '"attempt.stopped"' in line and attempt_id in line
-    ]
 
 
 def test_a_zombie_owner_is_refused_everywhere(
@@ -42,11 +29,9 @@ def test_a_zombie_owner_is_refused_everywhere(
     assert done.status is RunStatus.COMPLETED
     assert done.epoch == 2
     # The zombie notices at its next write or heartbeat and leaves its turn.
-    deadline = time.monotonic() + 60
-    while not _stopped_events(fleet, frozen.attempt_id or ""):
-        assert time.monotonic() < deadline, fleet.dump_logs()
-        time.sleep(0.1)
-    (event,) = _stopped_events(fleet, frozen.attempt_id or "")
+    (event,) = fleet.wait_events(
+        "attempt.stopped", needle=frozen.attempt_id or "", files="worker-*.log"
+    )
     assert event["epoch"] == 1
 
     assert fleet.log_of(run.run_id) == before_log

@@ -142,7 +142,9 @@ class OwnershipMixin(StoreBase):
         attempts, past their deadline or cancelled are left to ``expire_exhausted``.
         """
         rows = self._db.rows(
-            "hand_over_expired", q.HAND_OVER_EXPIRED, {"limit": check_limit(limit)}
+            "hand_over_expired",
+            q.HAND_OVER_EXPIRED,
+            {"limit": check_limit(limit), "cause": "lease"},
         )
         claims = [Claim.from_row(r) for r in rows]
         for claim in claims:

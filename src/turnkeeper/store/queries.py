@@ -54,6 +54,28 @@ WHERE j.run_id = :run_id AND j.attempt_id = :attempt_id
   AND r.run_id = j.run_id AND r.attempt_id = :attempt_id AND r.status = 'running'
 """
 
+# The handover of the runs a statement picked as ``candidates`` (run_id, attempt_id): a
+# new attempt id and epoch + 1 fence the old owner at once; the slot follows; the old
+# attempt ends as superseded, for :cause. The lease starts only at adoption.
+_HAND_OVER_CANDIDATES = """), handed AS (
+    UPDATE runs r SET attempt_id = replace(CAST(gen_random_uuid() AS text), '-', ''),
+        epoch = r.epoch + 1, owner = NULL, lease_expires_at = NULL,
+        handed_over_at = now(), dispatched_at = now(), updated_at = now()
+    FROM candidates c WHERE r.run_id = c.run_id
+    RETURNING r.run_id, r.attempt_id, r.epoch, c.attempt_id AS old_attempt_id
+), slot AS (
+    UPDATE turn_slots j SET attempt_id = handed.attempt_id,
+        revision = j.revision + 1, updated_at = now()
+    FROM handed WHERE j.run_id = handed.run_id
+), ended AS (
+    UPDATE attempts a SET ended_at = now(), outcome = 'superseded', handover_cause = :cause
+    FROM handed
+    WHERE a.run_id = handed.run_id AND a.attempt_id = handed.old_attempt_id
+      AND a.ended_at IS NULL
+)
+SELECT run_id, attempt_id, epoch FROM handed ORDER BY run_id
+"""
+
 # Fixed fragments shared by several statements. They are constants of this module,
 # never input: every value reaches the database as a bound parameter.
 _FRAGMENTS = {
@@ -66,6 +88,7 @@ _FRAGMENTS = {
     # A worker seen after this is alive, and so is its host.
     "seen_since": "now() - make_interval(secs => CAST(:dead_after AS double precision))",
     "owned_slot": _OWNED_SLOT,
+    "hand_over_to_new_attempt": _HAND_OVER_CANDIDATES,
     "key_columns": KEY_COLUMNS,
     "lock_space": str(OWNER_LOCK_SPACE),
     "locks_session_prefix": LOCKS_SESSION_PREFIX,
@@ -211,23 +234,7 @@ WITH candidates AS (
     ORDER BY lease_expires_at, seq
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
-), handed AS (
-    UPDATE runs r SET attempt_id = replace(CAST(gen_random_uuid() AS text), '-', ''),
-        epoch = r.epoch + 1, owner = NULL, lease_expires_at = NULL,
-        handed_over_at = now(), dispatched_at = now(), updated_at = now()
-    FROM candidates c WHERE r.run_id = c.run_id
-    RETURNING r.run_id, r.attempt_id, r.epoch, c.attempt_id AS old_attempt_id
-), slot AS (
-    UPDATE turn_slots j SET attempt_id = handed.attempt_id,
-        revision = j.revision + 1, updated_at = now()
-    FROM handed WHERE j.run_id = handed.run_id
-), ended AS (
-    UPDATE attempts a SET ended_at = now(), outcome = 'superseded', handover_cause = 'lease'
-    FROM handed
-    WHERE a.run_id = handed.run_id AND a.attempt_id = handed.old_attempt_id
-      AND a.ended_at IS NULL
-)
-SELECT run_id, attempt_id, epoch FROM handed ORDER BY run_id
+$hand_over_to_new_attempt
 """)
 
 # --- owner locks (docs/architecture.md, "Crash detection") --------------------------------
@@ -307,23 +314,7 @@ WITH free AS MATERIALIZED (
       AND r.cancel_requested_at IS NULL
     ORDER BY r.seq
     FOR UPDATE OF r SKIP LOCKED
-), handed AS (
-    UPDATE runs r SET attempt_id = replace(CAST(gen_random_uuid() AS text), '-', ''),
-        epoch = r.epoch + 1, owner = NULL, lease_expires_at = NULL,
-        handed_over_at = now(), dispatched_at = now(), updated_at = now()
-    FROM candidates c WHERE r.run_id = c.run_id
-    RETURNING r.run_id, r.attempt_id, r.epoch, c.attempt_id AS old_attempt_id
-), slot AS (
-    UPDATE turn_slots j SET attempt_id = handed.attempt_id,
-        revision = j.revision + 1, updated_at = now()
-    FROM handed WHERE j.run_id = handed.run_id
-), ended AS (
-    UPDATE attempts a SET ended_at = now(), outcome = 'superseded', handover_cause = 'crash'
-    FROM handed
-    WHERE a.run_id = handed.run_id AND a.attempt_id = handed.old_attempt_id
-      AND a.ended_at IS NULL
-)
-SELECT run_id, attempt_id, epoch FROM handed ORDER BY run_id
+$hand_over_to_new_attempt
 """)
 
 # How often a run was handed over, by cause.

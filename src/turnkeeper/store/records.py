@@ -18,7 +18,10 @@ from typing import Any
 from turnkeeper.errors import InvalidInputError
 
 MAX_ID_LENGTH = 255
-_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")
+# C0 and C1 controls, the line and paragraph separators, and the bidi embeddings,
+# overrides and isolates: ids are printed in logs, terminals and the dashboard, where
+# these break a line or reorder the text around them.
+_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 class RunStatus(StrEnum):

@@ -225,6 +225,7 @@ class WatchSession(LockSession):
         params = {
             "run_ids": [o.run_id for o in owners],
             "attempt_ids": [o.attempt_id for o in owners],
+            "cause": "crash",
         }
         rows = self.rows("hand_over_absent", q.HAND_OVER_ABSENT, params, reconnect=False)
         return [Claim.from_row(r) for r in rows]
