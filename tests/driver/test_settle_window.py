@@ -30,7 +30,6 @@ from tests.driver.test_takeover import (
     _assert_transcript_once,
     _attempts,
 )
-from tests.driver.test_zombie import _stopped_events
 from turnkeeper.agents.translator import translator_for
 from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
@@ -143,11 +142,9 @@ def test_an_owner_stalled_past_its_lease_before_its_settle_is_refused(
         if pgid is not None:
             os.killpg(pgid, signal.SIGCONT)
             pgid = None
-        deadline = time.monotonic() + 60  # a hang guard
-        while not _stopped_events(fleet, owned.attempt_id or ""):
-            assert time.monotonic() < deadline, fleet.dump_logs()
-            time.sleep(0.1)
-        (event,) = _stopped_events(fleet, owned.attempt_id or "")
+        (event,) = fleet.wait_events(
+            "attempt.stopped", needle=owned.attempt_id or "", files="worker-*.log"
+        )
         assert (event["epoch"], event["reason"]) == (1, "store-fenced")
         assert fleet.log_of(run.run_id) == settled
         assert _attempts(database_url, run.run_id) == [(1, "superseded"), (2, "completed")]
@@ -275,7 +272,9 @@ def test_a_stalled_settle_on_a_saturated_fleet_costs_one_adoption(
             fleet.dump_logs(),
         )
         assert _attempts(database_url, victim.run_id) == [(1, "superseded"), (2, "completed")]
-        (event,) = _stopped_events(fleet, stalled.attempt_id or "")
+        (event,) = fleet.wait_events(
+            "attempt.stopped", needle=stalled.attempt_id or "", files="worker-*.log"
+        )
         assert (event["epoch"], event["reason"]) == (1, "store-fenced")
         _assert_log_is_oracle(fleet, done, tmp_path)
         _assert_transcript_once(fleet, done)
