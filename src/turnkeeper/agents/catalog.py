@@ -53,7 +53,9 @@ def at_least_as_strong(requested: str, floor: str) -> bool:
 
     ``bwrap`` jails the agent on the worker's host, ``local`` does not; ``ssh``
     moves it to another host, a different promise that is comparable to neither,
-    so it only ever stands for itself.
+    so it only ever stands for itself. Stricter than the worker's own rule
+    (:func:`turnkeeper.sandbox.factory.at_least_as_strong`), which trusted callers
+    meet: a tenant cannot move its agent off the sandbox host the operator chose.
     """
     return requested == floor or (floor == "local" and requested == "bwrap")
 
