@@ -43,6 +43,8 @@ log = structlog.get_logger(__name__)
 
 BATCH = 2000
 """Watched runs per statement: up to this many running runs, a sweep is one statement."""
+_BACKOFF = 1.0
+"""The wait after a sweep failed for a reason that is no service's."""
 
 
 class CrashWatcher:
@@ -108,9 +110,13 @@ class CrashWatcher:
             started = time.monotonic()
             try:
                 self.sweep()
-            except TurnkeeperError as exc:
+            except TurnkeeperError as exc:  # the database or the broker: the next sweep
                 log.warning("crash.sweep_failed", error=str(exc))
                 self._session.close()
+            except Exception:  # a bug must not end crash detection for the fleet's life
+                log.exception("crash.sweep_failed")
+                self._session.close()
+                self._stop.wait(_BACKOFF)
             self._stop.wait(max(0.0, interval - (time.monotonic() - started)))
         self._session.close()
 

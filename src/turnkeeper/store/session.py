@@ -102,7 +102,7 @@ class LockSession:
         if not self.connected:
             return False
         try:
-            self.rows("lock_session.alive", q.NOW, {})
+            self.rows("lock_session.alive", q.NOW, {}, reconnect=False)
         except StoreError:
             self.close()
         return self.connected

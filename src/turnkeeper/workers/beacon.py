@@ -94,3 +94,5 @@ class HostBeacon:
                 self.beat()
             except TurnkeeperError as exc:
                 log.warning("host.beat_failed", error=str(exc))
+            except Exception:  # a dead beacon would make a live host look dead
+                log.exception("host.beat_failed")
