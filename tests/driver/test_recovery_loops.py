@@ -6,8 +6,12 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from tests.driver.fleet import Fleet
+import psycopg
+
+from tests.driver.fleet import Fleet, host_fleet
 from tests.driver.test_crash_takeover import attempts, mid_run
+from tests.driver.test_hosts import LONG, _assert_oracle
+from tests.driver.test_hosts import PROMPT as HOST_PROMPT
 from tests.driver.test_takeover import AGENT, PROMPT, _assert_log_is_oracle
 from turnkeeper.config import Settings
 from turnkeeper.embedded.ports import free_port
@@ -63,3 +67,40 @@ def test_a_crash_while_the_broker_is_down_leaves_crash_detection_running(
     finally:
         fleet.stop()
         broker.stop(port)
+
+
+def _attempt_count(fleet: Fleet, run_id: str) -> int:
+    with psycopg.connect(fleet.settings.require_database_url()) as conn:
+        row = conn.execute("SELECT attempt_count FROM runs WHERE run_id = %s", (run_id,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_drain_costs_no_attempt_even_on_the_last_one(settings: Settings, tmp_path: Path) -> None:
+    """A drain is the operator's choice, not the run's failure: a run on its last
+    attempt (here its only one) is handed over by a drain, adopted by the redeployed
+    worker of its host, and completes, with the attempts it had before the drain."""
+    host = host_fleet(settings, tmp_path / "hosts", "host-a")
+    try:
+        drained = host.start_worker()
+        host.start_beat()
+        host.wait_ready()
+        agent = {**LONG, "seed": 31}
+        run = host.client.submit(agent, HOST_PROMPT, max_attempts=1)
+        owned = mid_run(host, run.run_id, chunks=10)
+        assert _attempt_count(host, run.run_id) == 1
+        drain = host.run_cli("worker", "--drain", "--hand-over-after", "1")
+        assert drain.returncode == 0, (drain.stdout, drain.stderr, host.dump_logs())
+        assert drained.poll() is not None, "the drained worker exited"
+        host.start_worker()  # the redeploy
+        done = host.wait_settled(run.run_id, timeout=240)
+        assert done.status is RunStatus.COMPLETED, (done.error, host.dump_logs())
+        assert done.attempt_id != owned.attempt_id
+        assert [(e, outcome) for e, outcome, _ in attempts(host, run.run_id)] == [
+            (1, "superseded"),
+            (2, "completed"),
+        ]
+        assert _attempt_count(host, run.run_id) == 1, "the drained attempt was given back"
+        _assert_oracle(host, done, agent, HOST_PROMPT, tmp_path / "oracle")
+    finally:
+        host.stop()

@@ -79,7 +79,8 @@ class OwnershipMixin(StoreBase):
 
     def release_lease(self, claim: Claim) -> Verdict:
         """Let the lease go now (a draining worker handing its run over): the next
-        reconcile hands the run to a new attempt. The agent and its journal go on."""
+        reconcile hands the run to a new attempt. The agent and its journal go on, and
+        the attempt is given back: a drain never costs a run an attempt."""
         check_claim(claim)
         params = {"run_id": claim.run_id, "attempt_id": claim.attempt_id}
         verdict = self._owner_write("release_lease", q.RELEASE_LEASE, params, claim)
