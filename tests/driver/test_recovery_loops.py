@@ -8,8 +8,8 @@ from pathlib import Path
 
 import psycopg
 
-from tests.driver.fleet import Fleet, host_fleet
-from tests.driver.test_crash_takeover import attempts, mid_run
+from tests.driver.fleet import DEFAULT_TIMING, Fleet, host_fleet
+from tests.driver.test_crash_takeover import attempts, handed_over_at, mid_run
 from tests.driver.test_hosts import LONG, _assert_oracle
 from tests.driver.test_hosts import PROMPT as HOST_PROMPT
 from tests.driver.test_takeover import AGENT, PROMPT, _assert_log_is_oracle
@@ -104,3 +104,28 @@ def test_a_drain_costs_no_attempt_even_on_the_last_one(settings: Settings, tmp_p
         _assert_oracle(host, done, agent, HOST_PROMPT, tmp_path / "oracle")
     finally:
         host.stop()
+
+
+def test_a_long_host_id_still_tells_its_processes_apart(settings: Settings, tmp_path: Path) -> None:
+    """A 60-character host id: the server keeps 63 bytes of an application name, so a
+    name of prefix and owner would end inside the host id and every process of the
+    host would look alike. A SIGKILLed owner must still be a crash takeover while its
+    siblings (the other worker, beat) live on."""
+    fleet = Fleet.create(settings, tmp_path / "logs", **DEFAULT_TIMING, host_id="h" * 60)
+    try:
+        fleet.start_pair()
+        fleet.wait_ready()
+        run = fleet.client.submit(AGENT, PROMPT)
+        owned = mid_run(fleet, run.run_id)
+        assert owned.lease_expires_at is not None
+        fleet.signal_worker_of(owned, signal.SIGKILL)
+        done = fleet.wait_settled(run.run_id)
+        assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
+        assert attempts(fleet, run.run_id) == [
+            (1, "superseded", "crash"),
+            (2, "completed", None),
+        ], fleet.dump_logs()
+        assert handed_over_at(fleet, run.run_id, 1) < owned.lease_expires_at
+        _assert_log_is_oracle(fleet, done, tmp_path)
+    finally:
+        fleet.stop()

@@ -76,6 +76,18 @@ _HAND_OVER_CANDIDATES = """), handed AS (
 SELECT run_id, attempt_id, epoch FROM handed ORDER BY run_id
 """
 
+# The session name of run r's owner without the prefix (``owner.session_name``).
+_OWNER_SESSION_KEY = """CASE WHEN split_part(r.owner, ':', 3) = '' THEN r.owner
+    ELSE split_part(r.owner, ':', 3) || ' ' || r.owner END"""
+# Run r's owner process has a session on this database besides ours.
+_OWNER_ALIVE = Template("""EXISTS (
+    SELECT 1 FROM pg_stat_activity a
+    WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+      AND a.application_name IN (
+          left('$locks' || $key, 63), left('$store' || $key, 63)))""").substitute(
+    locks=LOCKS_SESSION_PREFIX, store=STORE_SESSION_PREFIX, key=_OWNER_SESSION_KEY
+)
+
 # Fixed fragments shared by several statements. They are constants of this module,
 # never input: every value reaches the database as a bound parameter.
 _FRAGMENTS = {
@@ -91,8 +103,7 @@ _FRAGMENTS = {
     "hand_over_to_new_attempt": _HAND_OVER_CANDIDATES,
     "key_columns": KEY_COLUMNS,
     "lock_space": str(OWNER_LOCK_SPACE),
-    "locks_session_prefix": LOCKS_SESSION_PREFIX,
-    "store_session_prefix": STORE_SESSION_PREFIX,
+    "owner_alive": _OWNER_ALIVE,
     # A run's payload without its sealed env: what idempotency compares, and what a
     # settled run keeps (turnkeeper.envelope).
     "unsealed": "#- '{env,sealed}'",
@@ -285,19 +296,16 @@ FROM watched
 ORDER BY seq
 """)
 
-# Of the given attempts, the runs whose owner process still has a session on the server
-# (its lock session, connected again, or one of its store's): a sign of life, since a
-# process's death ends all of its sessions at once. The server keeps an application
-# name to 63 bytes, hence left().
+# Of the given attempts, the runs whose owner process still has a session on this
+# database (its lock session, connected again, or one of its store's): a sign of life,
+# since a process's death ends all of its sessions at once. The names are
+# ``owner.session_name``'s: the owner's token, then the owner, cut to the 63 bytes the
+# server keeps, hence left().
 LIVE_OWNERS = _sql("""
 SELECT r.run_id FROM runs r
 JOIN unnest(CAST(:run_ids AS text[]), CAST(:attempt_ids AS text[])) AS t(run_id, attempt_id)
     ON r.run_id = t.run_id AND r.attempt_id = t.attempt_id
-WHERE r.owner IS NOT NULL AND EXISTS (
-    SELECT 1 FROM pg_stat_activity a
-    WHERE a.pid <> pg_backend_pid()
-      AND a.application_name IN (left('$locks_session_prefix' || r.owner, 63),
-                                 left('$store_session_prefix' || r.owner, 63)))
+WHERE r.owner IS NOT NULL AND $owner_alive
 ORDER BY r.run_id
 """)
 

@@ -28,6 +28,7 @@ from psycopg.rows import DictRow, dict_row
 
 from turnkeeper.config import plain_postgres_url
 from turnkeeper.errors import StoreError, StoreUnavailableError
+from turnkeeper.owner import APPLICATION_NAME_BYTES, session_name
 from turnkeeper.store import queries as q
 from turnkeeper.store.database import _CONNECT_TIMEOUT, Row, _fetch, store_error
 from turnkeeper.store.queries import pyformat
@@ -43,7 +44,7 @@ class LockSession:
             "autocommit": True,
             "row_factory": dict_row,
             "connect_timeout": _CONNECT_TIMEOUT,
-            "application_name": application_name[:63],
+            "application_name": application_name[:APPLICATION_NAME_BYTES],
             **options,
         }
         self._conn: psycopg.Connection[DictRow] | None = None
@@ -140,7 +141,7 @@ def _keepalives(lease_ttl: float) -> dict[str, Any]:
 
 def store_session_name(owner: str) -> str:
     """The application name of the store sessions of the worker process ``owner``."""
-    return f"{q.STORE_SESSION_PREFIX}{owner}"
+    return session_name(q.STORE_SESSION_PREFIX, owner)
 
 
 class OwnerLockSession(LockSession):
@@ -149,7 +150,7 @@ class OwnerLockSession(LockSession):
     def __init__(self, database_url: str, *, owner: str, lease_ttl: float) -> None:
         super().__init__(
             database_url,
-            application_name=f"{q.LOCKS_SESSION_PREFIX}{owner}",
+            application_name=session_name(q.LOCKS_SESSION_PREFIX, owner),
             **_keepalives(lease_ttl),
         )
 
