@@ -4,12 +4,20 @@ beacon go on through a broker or database error, and a drain costs no attempt.""
 from __future__ import annotations
 
 import signal
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+import pytest
 
 from tests.driver.fleet import DEFAULT_TIMING, Fleet, host_fleet
+from tests.driver.test_crash_attacks import _held_flags
 from tests.driver.test_crash_takeover import attempts, handed_over_at, mid_run
+from tests.driver.test_crash_watcher import _running, _wait
 from tests.driver.test_hosts import LONG, _assert_oracle
 from tests.driver.test_hosts import PROMPT as HOST_PROMPT
 from tests.driver.test_takeover import AGENT, PROMPT, _assert_log_is_oracle
@@ -17,6 +25,9 @@ from turnkeeper.config import Settings
 from turnkeeper.embedded.ports import free_port
 from turnkeeper.embedded.redis import EmbeddedRedis
 from turnkeeper.store.records import RunStatus
+from turnkeeper.store.session import OwnerLockSession
+from turnkeeper.workers.owner_locks import OwnerLocks
+from turnkeeper.workers.runtime import WorkerRuntime
 
 SLOW = {**AGENT, "pace": 0.1}
 
@@ -129,3 +140,95 @@ def test_a_long_host_id_still_tells_its_processes_apart(settings: Settings, tmp_
         _assert_log_is_oracle(fleet, done, tmp_path)
     finally:
         fleet.stop()
+
+
+class SilentCut:
+    """A TCP proxy to Postgres whose cut ends every server session at once but tells its
+    clients nothing until they next write: a link that died quietly (a NAT's state
+    gone, a proxy restarted), which a client learns of only at its next statement."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self._upstream = upstream
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._links: list[tuple[socket.socket, threading.Event]] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self._upstream)
+            cut = threading.Event()
+            self._links.append((server, cut))
+            threading.Thread(target=self._up, args=(client, server, cut), daemon=True).start()
+            threading.Thread(target=self._down, args=(server, client), daemon=True).start()
+
+    @staticmethod
+    def _up(client: socket.socket, server: socket.socket, cut: threading.Event) -> None:
+        with suppress(OSError):
+            while data := client.recv(65536):
+                if cut.is_set():
+                    break  # the client spoke into the dead link: it learns now
+                server.sendall(data)
+        client.close()
+
+    @staticmethod
+    def _down(server: socket.socket, client: socket.socket) -> None:
+        with suppress(OSError):
+            while data := server.recv(65536):
+                client.sendall(data)
+
+    def cut(self) -> None:
+        """End every server session made so far; their clients hear nothing yet."""
+        for server, cut in self._links:
+            cut.set()
+            with suppress(OSError):
+                server.shutdown(socket.SHUT_RDWR)
+            server.close()
+        self._links.clear()
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+@pytest.fixture
+def runtime(settings: Settings) -> Iterator[WorkerRuntime]:
+    rt = WorkerRuntime.open(settings)
+    yield rt
+    rt.close()
+
+
+def _through(url: str, port: int) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}@127.0.0.1:{port}"))
+
+
+def test_a_release_on_a_dead_session_takes_the_other_locks_back(
+    runtime: WorkerRuntime,
+) -> None:
+    """The lock session's link died without a word (no FIN): the server ended the
+    session and freed both runs' locks, and the lock thread learns of it only when one
+    run's release fails. The other run's lock must be taken back, in a new session."""
+    url = runtime.settings.require_database_url()
+    parts = urlsplit(url)
+    proxy = SilentCut((parts.hostname or "127.0.0.1", parts.port or 5432))
+    ending, staying = _running(runtime, "ending-1"), _running(runtime, "staying-1")
+    session = OwnerLockSession(_through(url, proxy.port), owner=runtime.owner, lease_ttl=30.0)
+    locks = OwnerLocks(runtime.store, session)
+    try:
+        locks.hold(ending)
+        locks.hold(staying)
+        _wait(lambda: _held_flags(runtime) == {"ending-1": True, "staying-1": True})
+        generation = session.generation
+        proxy.cut()
+        _wait(lambda: _held_flags(runtime) == {"ending-1": False, "staying-1": False})
+        locks.release(ending)
+        _wait(lambda: _held_flags(runtime) == {"ending-1": False, "staying-1": True})
+        assert locks.held() == {"staying-1"}
+        assert session.generation == generation + 1
+    finally:
+        locks.close()
+        proxy.close()
