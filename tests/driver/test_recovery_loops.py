@@ -21,9 +21,12 @@ from tests.driver.test_crash_watcher import _running, _wait
 from tests.driver.test_hosts import LONG, _assert_oracle
 from tests.driver.test_hosts import PROMPT as HOST_PROMPT
 from tests.driver.test_takeover import AGENT, PROMPT, _assert_log_is_oracle
+from turnkeeper import driver
 from turnkeeper.config import Settings
+from turnkeeper.driver import attempt as attempt_module
 from turnkeeper.embedded.ports import free_port
 from turnkeeper.embedded.redis import EmbeddedRedis
+from turnkeeper.errors import ServiceError
 from turnkeeper.store.records import RunStatus
 from turnkeeper.store.session import OwnerLockSession
 from turnkeeper.workers.owner_locks import OwnerLocks
@@ -232,3 +235,44 @@ def test_a_release_on_a_dead_session_takes_the_other_locks_back(
     finally:
         locks.close()
         proxy.close()
+
+
+def _lease_state(rt: WorkerRuntime, run_id: str) -> tuple[bool, int, str | None]:
+    """Whether the run's lease has run out on the database clock, its attempt count and
+    its current attempt."""
+    with psycopg.connect(rt.settings.require_database_url()) as conn:
+        row = conn.execute(
+            "SELECT lease_expires_at < now(), attempt_count, attempt_id FROM runs"
+            " WHERE run_id = %s",
+            (run_id,),
+        ).fetchone()
+    assert row is not None
+    return bool(row[0]), int(row[1]), row[2]
+
+
+def test_an_attempt_given_up_after_its_retries_lets_its_lease_go(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run log's Redis is unreachable for longer than the service retries last (cut
+    to 1 s here): the attempt gives up without failing the run. Its process lives on,
+    so its sessions say its owner is alive and no crash handover comes: the attempt must
+    let its lease go itself, or the run waits a whole lease for nothing. A give-up is no
+    drain: the attempt it spent stays spent."""
+    monkeypatch.setattr(attempt_module, "SERVICE_RETRY_BUDGET", 1.0)
+    unreachable = f"redis://127.0.0.1:{free_port()}/0"
+    rt = WorkerRuntime.open(settings.model_copy(update={"redis_url": unreachable}))
+    try:
+        run, _ = rt.store.admit_run(
+            "given-up-1",
+            "given-up-1",
+            {"agent": AGENT, "prompt": PROMPT},
+            max_attempts=3,
+            deadline=None,
+        )
+        with pytest.raises(ServiceError):
+            driver.run_turn(rt, run.run_id)
+        expired, attempt_count, attempt_id = _lease_state(rt, run.run_id)
+        assert (expired, attempt_count) == (True, 1)
+        assert attempt_id is not None
+    finally:
+        rt.close()

@@ -196,14 +196,15 @@ WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
 RETURNING lease_expires_at
 """)
 
-# An owner letting its lease go (a drained worker): expired now, so the next reconcile
-# hands the run over, instead of one lease_ttl later. A drain is the operator's choice,
-# not the run's failure, so the attempt is given back: the adoption counts it again, and
-# a run on its last attempt is handed over (HAND_OVER_EXPIRED) rather than failed
-# attempts-exhausted (EXPIRE_EXHAUSTED).
+# An owner letting its lease go (a drained worker, an attempt whose service retries ran
+# out): expired now, so the next reconcile hands the run over, instead of one lease_ttl
+# later. A drain is the operator's choice, not the run's failure, so it gives the attempt
+# back (:give_back): the adoption counts it again, and a run on its last attempt is
+# handed over (HAND_OVER_EXPIRED) rather than failed attempts-exhausted (EXPIRE_EXHAUSTED).
 RELEASE_LEASE = text("""
 UPDATE runs SET lease_expires_at = now() - interval '1 millisecond',
-    attempt_count = greatest(attempt_count - 1, 0), updated_at = now()
+    attempt_count = greatest(attempt_count - CAST(:give_back AS integer), 0),
+    updated_at = now()
 WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
   AND handed_over_at IS NULL
 RETURNING run_id
