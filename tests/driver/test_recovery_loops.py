@@ -3,14 +3,17 @@ beacon go on through a broker or database error, and a drain costs no attempt.""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import psutil
 import psycopg
 import pytest
 
@@ -27,6 +30,7 @@ from turnkeeper.driver import attempt as attempt_module
 from turnkeeper.embedded.ports import free_port
 from turnkeeper.embedded.redis import EmbeddedRedis
 from turnkeeper.errors import ServiceError
+from turnkeeper.owner import owner_pid
 from turnkeeper.store.records import RunStatus
 from turnkeeper.store.session import OwnerLockSession
 from turnkeeper.workers.owner_locks import OwnerLocks
@@ -145,16 +149,19 @@ def test_a_long_host_id_still_tells_its_processes_apart(settings: Settings, tmp_
         fleet.stop()
 
 
-class SilentCut:
-    """A TCP proxy to Postgres whose cut ends every server session at once but tells its
-    clients nothing until they next write: a link that died quietly (a NAT's state
-    gone, a proxy restarted), which a client learns of only at its next statement."""
+class PostgresLink:
+    """A TCP proxy to Postgres that can be slow to connect (``connect_delay``: a server
+    under load, a failover in progress), and whose cut ends every server session at
+    once but tells its clients nothing until they next write: a link that died quietly
+    (a NAT's state gone, a proxy restarted), which a client learns of only at its next
+    statement."""
 
     def __init__(self, upstream: tuple[str, int]) -> None:
         self._upstream = upstream
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._links: list[tuple[socket.socket, threading.Event]] = []
+        self.connect_delay = 0.0
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -163,11 +170,15 @@ class SilentCut:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            server = socket.create_connection(self._upstream)
-            cut = threading.Event()
-            self._links.append((server, cut))
-            threading.Thread(target=self._up, args=(client, server, cut), daemon=True).start()
-            threading.Thread(target=self._down, args=(server, client), daemon=True).start()
+            threading.Thread(target=self._open, args=(client,), daemon=True).start()
+
+    def _open(self, client: socket.socket) -> None:
+        time.sleep(self.connect_delay)
+        server = socket.create_connection(self._upstream)
+        cut = threading.Event()
+        self._links.append((server, cut))
+        threading.Thread(target=self._up, args=(client, server, cut), daemon=True).start()
+        threading.Thread(target=self._down, args=(server, client), daemon=True).start()
 
     @staticmethod
     def _up(client: socket.socket, server: socket.socket, cut: threading.Event) -> None:
@@ -217,7 +228,7 @@ def test_a_release_on_a_dead_session_takes_the_other_locks_back(
     run's release fails. The other run's lock must be taken back, in a new session."""
     url = runtime.settings.require_database_url()
     parts = urlsplit(url)
-    proxy = SilentCut((parts.hostname or "127.0.0.1", parts.port or 5432))
+    proxy = PostgresLink((parts.hostname or "127.0.0.1", parts.port or 5432))
     ending, staying = _running(runtime, "ending-1"), _running(runtime, "staying-1")
     session = OwnerLockSession(_through(url, proxy.port), owner=runtime.owner, lease_ttl=30.0)
     locks = OwnerLocks(runtime.store, session)
@@ -276,3 +287,38 @@ def test_an_attempt_given_up_after_its_retries_lets_its_lease_go(
         assert attempt_id is not None
     finally:
         rt.close()
+
+
+def test_a_pool_process_comes_up_while_postgres_is_slow_to_connect(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A pool process dies (OOM, a bug) while every new connection to Postgres takes
+    6 s: longer than Celery waits for the process forked in its place to come up
+    (``worker_proc_alive_timeout``, 4 s). The beacon's first write must not hold that
+    process's start, or Celery kills it and forks another, which waits again."""
+    url = settings.require_database_url()
+    parts = urlsplit(url)
+    link = PostgresLink((parts.hostname or "127.0.0.1", parts.port or 5432))
+    fleet = Fleet.create(
+        settings.model_copy(update={"database_url": _through(url, link.port)}), tmp_path / "logs"
+    )
+    try:
+        worker = fleet.start_worker()
+        fleet.wait_ready()
+        (first,) = fleet.wait_events("host.announced")
+        link.connect_delay = 6.0
+        os.kill(owner_pid(first["worker"]), signal.SIGKILL)
+        announced = fleet.wait_events("host.announced", count=2)
+        link.connect_delay = 0.0
+        log = (tmp_path / "logs" / "worker-0.log").read_text()
+        assert "Timed out waiting for UP message" not in log, log[-4000:]
+        (pool,) = psutil.Process(worker.pid).children()
+        assert [owner_pid(event["worker"]) for event in announced] == [
+            owner_pid(first["worker"]),
+            pool.pid,
+        ]
+        run = fleet.client.submit(AGENT, PROMPT)
+        assert fleet.wait_settled(run.run_id).status is RunStatus.COMPLETED, fleet.dump_logs()
+    finally:
+        fleet.stop()
+        link.close()
