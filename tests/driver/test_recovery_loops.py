@@ -32,7 +32,7 @@ from turnkeeper.embedded.redis import EmbeddedRedis
 from turnkeeper.errors import ServiceError
 from turnkeeper.owner import owner_pid
 from turnkeeper.store.records import RunStatus
-from turnkeeper.store.session import OwnerLockSession
+from turnkeeper.store.session import OwnerLockSession, WatchSession, store_session_name
 from turnkeeper.workers.owner_locks import OwnerLocks
 from turnkeeper.workers.runtime import WorkerRuntime
 
@@ -322,3 +322,39 @@ def test_a_pool_process_comes_up_while_postgres_is_slow_to_connect(
     finally:
         fleet.stop()
         link.close()
+
+
+def test_an_owner_whose_sessions_come_back_before_the_handover_keeps_its_run(
+    runtime: WorkerRuntime,
+) -> None:
+    """The watcher saw the lock free and no session of its owner (``live_owners``); the
+    owner's store connects again before the handover statement runs (the owner lived:
+    a blip ended every session of its process). The handover must look again, in its
+    own statement, and leave the run to its owner."""
+    url = runtime.settings.require_database_url()
+    claim = _running(runtime, "back-1")
+    owner = OwnerLockSession(url, owner="owner", lease_ttl=30.0)
+    watch = WatchSession(url)
+    try:
+        assert owner.take([claim]) == {claim.run_id}
+        runtime.store.mark_owner_locked(claim)
+        assert [o.held for o in watch.watched(10)] == [True]
+        owner.close()
+        seen = watch.watched(10)
+        assert [(o.run_id, o.held) for o in seen] == [("back-1", False)]
+        assert watch.live_owners(seen) == set()
+        with psycopg.connect(url, application_name=store_session_name("owner")):
+            assert watch.hand_over_absent(seen) == []
+        assert attempts_of(runtime, "back-1") == [(1, None, None)]
+    finally:
+        watch.close()
+        owner.close()
+
+
+def attempts_of(rt: WorkerRuntime, run_id: str) -> list[tuple[int, str | None, str | None]]:
+    with psycopg.connect(rt.settings.require_database_url()) as conn:
+        rows = conn.execute(
+            "SELECT epoch, outcome, handover_cause FROM attempts WHERE run_id = %s ORDER BY epoch",
+            (run_id,),
+        ).fetchall()
+    return [(row[0], row[1], row[2]) for row in rows]

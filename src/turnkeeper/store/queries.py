@@ -312,7 +312,10 @@ ORDER BY r.run_id
 
 # The crash handover: like HAND_OVER_EXPIRED, but for the given attempts whose owner
 # lock is free, checked again here under a transaction lock held until the handover
-# commits, so an owner that takes its lock back meanwhile is never handed over.
+# commits, so an owner that takes its lock back meanwhile is never handed over; and
+# whose owner process has no session now, looked at again here (not only in the
+# watcher's LIVE_OWNERS a statement earlier), so an owner whose sessions came back in
+# between keeps its run.
 HAND_OVER_ABSENT = _sql("""
 WITH free AS MATERIALIZED (
     SELECT t.run_id, t.attempt_id
@@ -325,6 +328,7 @@ WITH free AS MATERIALIZED (
       AND r.lease_expires_at IS NOT NULL
       AND r.attempt_count < r.max_attempts AND (r.deadline IS NULL OR r.deadline > now())
       AND r.cancel_requested_at IS NULL
+      AND (r.owner IS NULL OR NOT $owner_alive)
     ORDER BY r.seq
     FOR UPDATE OF r SKIP LOCKED
 $hand_over_to_new_attempt
