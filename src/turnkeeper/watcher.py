@@ -65,10 +65,20 @@ class CrashWatcher:
         self._armed: dict[str, str] = {}
         """Run id -> the attempt whose owner this session saw holding the run's lock."""
         self._generation = 0
+        self._leading: bool | None = None
         self._stop = threading.Event()
 
     def sweep(self) -> list[Claim]:
-        """Look at every watched run once; hand over those whose owner is gone."""
+        """Look at every watched run once; hand over those whose owner is gone. Only
+        the one watcher of the database does (``WatchSession.lead``); another stands by
+        until that one's session ends, and then starts from nothing."""
+        leading = self._session.lead()
+        if leading != self._leading:
+            self._leading = leading
+            log.info("crash.watcher_leading" if leading else "crash.watcher_standby")
+        if not leading:
+            self._armed = {}
+            return []
         owners = self._session.watched(self._batch)
         if self._session.generation != self._generation:
             # A new session: nothing it saw before counts (the server may be new).

@@ -33,6 +33,7 @@ from turnkeeper.errors import ServiceError
 from turnkeeper.owner import owner_pid
 from turnkeeper.store.records import RunStatus
 from turnkeeper.store.session import OwnerLockSession, WatchSession, store_session_name
+from turnkeeper.watcher import CrashWatcher
 from turnkeeper.workers.owner_locks import OwnerLocks
 from turnkeeper.workers.runtime import WorkerRuntime
 
@@ -358,3 +359,39 @@ def attempts_of(rt: WorkerRuntime, run_id: str) -> list[tuple[int, str | None, s
             (run_id,),
         ).fetchall()
     return [(row[0], row[1], row[2]) for row in rows]
+
+
+def test_one_watcher_sweeps_and_a_second_stands_by_until_it_is_gone(
+    runtime: WorkerRuntime,
+) -> None:
+    """Two beats, two watchers: a sweep takes every free owner lock for an instant, so
+    each watcher could read a lock the other is probing as held, and arm a run whose
+    owner is gone (after a failover, one not yet back). Only one watcher sweeps; the
+    other takes over when the first's session ends, and starts from nothing."""
+    url = runtime.settings.require_database_url()
+    claim = _running(runtime, "watched-1")
+    owner = OwnerLockSession(url, owner="owner", lease_ttl=30.0)
+    sent: list[tuple[str, str, int]] = []
+    first, second = (
+        CrashWatcher(
+            runtime, WatchSession(url), enqueue_takeover=lambda *m: sent.append(m), grace=0.0
+        )
+        for _ in range(2)
+    )
+    try:
+        assert owner.take([claim]) == {claim.run_id}
+        runtime.store.mark_owner_locked(claim)
+        assert (first.sweep(), second.sweep()) == ([], [])
+        assert (first.armed, second.armed) == ({"watched-1": claim.attempt_id}, {})
+        first.close()
+        assert second.sweep() == []
+        assert second.armed == {"watched-1": claim.attempt_id}
+        owner.close()
+        handed = second.sweep()
+        assert [c.run_id for c in handed] == ["watched-1"]
+        assert [m[0] for m in sent] == ["watched-1"]
+        assert attempts_of(runtime, "watched-1") == [(1, "superseded", "crash")]
+    finally:
+        first.close()
+        second.close()
+        owner.close()

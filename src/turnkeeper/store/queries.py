@@ -36,6 +36,9 @@ ENTRY_COLUMNS = (
 # key; only one owner then takes it, and the other run's attempt is never marked as
 # locked, so it is never watched and is left to its lease.
 OWNER_LOCK_SPACE = 1953198444  # "tkol"
+# The crash watcher's leader lock, in the same two-int space (no run's: its first key
+# differs): one watcher sweeps per database, whatever the number of beats.
+WATCHER_LOCK_SPACE = 1953199969
 
 # How a worker process names its sessions on the server (``application_name``), each
 # followed by its owner (``runs.owner``): its owner lock session and its store's pool.
@@ -278,6 +281,10 @@ UPDATE runs SET lock_attempt_id = :attempt_id
 WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
 RETURNING run_id
 """)
+
+# The watcher's leader lock, held by its session for as long as it lives: the one
+# watcher that sweeps. A second beat's watcher stands by until that session ends.
+LEAD_WATCHERS = text(f"SELECT pg_try_advisory_lock({WATCHER_LOCK_SPACE}, 0) AS leading")
 
 # One page of the watched runs (running, their attempt's owner took the lock), each with
 # whether its owner lock is held now. The watcher's session takes a free lock and gives

@@ -189,6 +189,19 @@ class WatchSession(LockSession):
 
     def __init__(self, database_url: str) -> None:
         super().__init__(database_url, application_name="turnkeeper-crash-watcher")
+        self._leading = 0
+        """The generation of this session that holds the watcher's leader lock; 0: none."""
+
+    def lead(self) -> bool:
+        """Whether this session is the one watcher of the database, taking the leader
+        lock if it is free (``LEAD_WATCHERS``). One watcher only: a sweep takes every
+        free owner lock for an instant, so a second watcher's sweep would read a lock
+        the first is probing as held, and arm a run whose owner may be gone."""
+        if self._leading and self._leading == self.generation and self.connected:
+            return True
+        rows = self.rows("lead_watchers", q.LEAD_WATCHERS, {})
+        self._leading = self.generation if rows and rows[0]["leading"] else 0
+        return bool(self._leading)
 
     def watched(self, batch: int) -> list[WatchedOwner]:
         """Every watched run, a page of ``batch`` per statement, in admission order."""
