@@ -396,3 +396,39 @@ def test_one_watcher_sweeps_and_a_second_stands_by_until_it_is_gone(
         first.close()
         second.close()
         owner.close()
+
+
+def _seen_after(fleet: Fleet, worker_id: str, since: object) -> bool:
+    with psycopg.connect(fleet.settings.require_database_url()) as conn:
+        row = conn.execute(
+            "SELECT last_seen > %s FROM workers WHERE worker_id = %s", (since, worker_id)
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def test_the_beacon_beats_on_through_a_dead_database_link(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Every connection of the worker to Postgres dies without a word: the beacon's
+    next beat fails, and the beats after it, on new connections, keep the host alive."""
+    url = settings.require_database_url()
+    parts = urlsplit(url)
+    link = PostgresLink((parts.hostname or "127.0.0.1", parts.port or 5432))
+    fleet = Fleet.create(
+        settings.model_copy(update={"database_url": _through(url, link.port)}), tmp_path / "logs"
+    )
+    try:
+        fleet.start_worker()
+        fleet.wait_ready()
+        (announced,) = fleet.wait_events("host.announced")
+        link.cut()
+        fleet.wait_events("host.beat_failed")
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SELECT now()").fetchone()
+        assert row is not None
+        _wait(lambda: _seen_after(fleet, announced["worker"], row[0]))
+        run = fleet.client.submit(AGENT, PROMPT)
+        assert fleet.wait_settled(run.run_id).status is RunStatus.COMPLETED, fleet.dump_logs()
+    finally:
+        fleet.stop()
+        link.close()
