@@ -236,6 +236,24 @@ class TranscriptEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class FleetCounts:
+    """The store's side of the fleet's metrics, read in one statement."""
+
+    runs_by_status: dict[str, int]
+    attempts_by_outcome: dict[str, int]
+    """``running`` for open attempts."""
+    takeovers_by_cause: dict[str, int]
+    expired_leases: int
+    """Running runs whose lease expired (the database clock), awaiting a takeover."""
+    max_epoch: int
+    """The highest epoch of a queued or running run."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> FleetCounts:
+        return cls(**dict(row))
+
+
+@dataclass(frozen=True, slots=True)
 class Segment:
     journal_key: str
     byte_start: int
