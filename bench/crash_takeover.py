@@ -44,6 +44,7 @@ import structlog
 from _fleet import BenchFleet, bench_fleet, percentile
 from turnkeeper.client import Client
 from turnkeeper.logconfig import configure_logging
+from turnkeeper.owner import owner_pid
 from turnkeeper.store.records import Claim
 from turnkeeper.store.session import OwnerLockSession, WatchSession
 from turnkeeper.watcher import CrashWatcher
@@ -133,7 +134,7 @@ def takeovers(crash: bool, kills: int) -> tuple[list[float], list[float]]:
                 _until_watched(url, run.run_id)
             owned = client.require(run.run_id)
             last = client.log.state(run.run_id).next_seq - 1
-            pgid = os.getpgid(int(str(owned.owner).rsplit(":", 1)[1]))
+            pgid = os.getpgid(owner_pid(str(owned.owner)))
             killed_at = time.monotonic()
             os.killpg(pgid, signal.SIGKILL)
             handed_at = None

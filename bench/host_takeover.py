@@ -34,6 +34,7 @@ import structlog
 from _fleet import BenchFleet, bench_fleet, percentile
 from turnkeeper.client import Client
 from turnkeeper.logconfig import configure_logging
+from turnkeeper.owner import owner_pid
 from turnkeeper.sandbox.egress import stop_proxies
 
 LEASE, HEARTBEAT, RECONCILE = 3.0, 1.0, 1.0
@@ -113,7 +114,7 @@ def _start_on_a(a: BenchFleet, client: Client) -> tuple[str, int, int]:
         time.sleep(0.01)
     owner = str(client.require(run.run_id).owner)
     assert owner.startswith("host-a:"), owner
-    assert os.getpgid(int(owner.rsplit(":", 1)[1])) == worker.pid
+    assert os.getpgid(owner_pid(owner)) == worker.pid
     return run.run_id, worker.pid, client.log.state(run.run_id).next_seq - 1
 
 

@@ -23,6 +23,7 @@ import structlog
 from _fleet import bench_fleet
 from turnkeeper.client import Client
 from turnkeeper.logconfig import configure_logging
+from turnkeeper.owner import owner_pid
 
 BLOCKS = "import sys\nr = sys.stdin.buffer\nwhile r.read(65536): pass\n"
 WHOLE = "import sys\nline = sys.stdin.buffer.readline()\nassert len(line) > 1\n"
@@ -69,7 +70,7 @@ def main() -> None:
         while not client.require(warmup.run_id).status.is_terminal:
             time.sleep(0.1)
         owner = client.require(warmup.run_id).owner
-        pid = int(str(owner).rsplit(":", 1)[1])
+        pid = owner_pid(str(owner))
         before = status_kib(pid, "VmRSS")
         started = time.monotonic()
         run = client.submit(agent, "one long line")

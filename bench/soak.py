@@ -83,6 +83,7 @@ from turnkeeper.driver.placement import Placement, nonce_of
 from turnkeeper.driver.replay import Replay, StoredJournal, batches, with_newlines
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.logconfig import configure_logging
+from turnkeeper.owner import owner_pid
 from turnkeeper.store.records import Run, RunStatus
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
@@ -318,7 +319,7 @@ class Soak:
         owned = []
         for sub in self.in_flight:
             run = self.safe_get(sub.run_id)
-            if run is not None and run.owner and int(run.owner.rsplit(":", 1)[1]) in pids:
+            if run is not None and run.owner and owner_pid(run.owner) in pids:
                 owned.append(sub)
         return owned
 

@@ -36,6 +36,7 @@ import structlog
 from _fleet import BenchFleet, bench_fleet, percentile
 from turnkeeper.client import Client
 from turnkeeper.logconfig import configure_logging
+from turnkeeper.owner import owner_pid
 
 LEASE, HEARTBEAT, RECONCILE = 3.0, 1.0, 1.0
 
@@ -67,7 +68,7 @@ def main() -> None:
                 time.sleep(0.01)
             owned = client.require(run.run_id)
             last = len(client.log.snapshot(run.run_id))
-            pid = int(str(owned.owner).rsplit(":", 1)[1])
+            pid = owner_pid(str(owned.owner))
             pgid = os.getpgid(pid)
             killed_at = time.monotonic()
             os.killpg(pgid, signal.SIGKILL)
@@ -122,7 +123,7 @@ def saturated(fleet: BenchFleet, kills: int) -> None:
             time.sleep(0.01)
         while len(client.log.snapshot(victim.run_id)) < 10:
             time.sleep(0.01)
-        pgid = os.getpgid(int(str(client.require(victim.run_id).owner).rsplit(":", 1)[1]))
+        pgid = os.getpgid(owner_pid(str(client.require(victim.run_id).owner)))
         os.killpg(pgid, signal.SIGKILL)
         dead = next(proc for proc in workers if proc.pid == pgid)
         dead.wait()

@@ -68,6 +68,10 @@ class EmbeddedStackError(ServiceError):
     """The embedded Postgres or Redis server could not be started or stopped."""
 
 
+class BrokerUnavailableError(ServiceError):
+    """The Celery broker could not be reached: a message was not sent."""
+
+
 # --- store ---------------------------------------------------------------------
 
 

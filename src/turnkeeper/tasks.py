@@ -46,9 +46,11 @@ import structlog
 from celery import Celery
 from celery.signals import worker_process_init, worker_process_shutdown
 from kombu import Queue
+from kombu.exceptions import OperationalError as KombuOperationalError
 
 from turnkeeper import driver, reconciler
 from turnkeeper.config import Settings
+from turnkeeper.errors import BrokerUnavailableError
 from turnkeeper.hosts import route_takeover
 from turnkeeper.secret import make_undumpable
 from turnkeeper.store.store import Store
@@ -265,7 +267,7 @@ def close_on_shutdown(**_: Any) -> None:
 def enqueue_run(app: Celery, settings: Settings, run_id: str) -> None:
     """Trigger ``run_turn`` for an admitted run (losing this message loses nothing)."""
     priority = TurnPriorities.for_broker(settings.effective_broker_url).run
-    app.send_task(RUN_TURN, args=[run_id], queue=turns_queue(settings), priority=priority)
+    _send(app, RUN_TURN, args=[run_id], queue=turns_queue(settings), priority=priority)
 
 
 def enqueue_takeover(
@@ -297,14 +299,23 @@ def _send_prioritised(
 ) -> None:
     """Send ``task`` at the takeover priority to ``queue``, declared as its consumers
     declare it (``_priority_queue``), whether or not this app consumes it."""
-    app.send_task(
+    _send(
+        app,
         task,
         args=args,
-        # Celery takes a Queue here (routes.expand_destination); celery-types says str.
-        queue=_priority_queue(settings, queue),  # type: ignore[arg-type]
+        queue=_priority_queue(settings, queue),
         priority=TurnPriorities.for_broker(settings.effective_broker_url).takeover,
         **options,
     )
+
+
+def _send(app: Celery, task: str, **options: Any) -> None:
+    """``app.send_task``, with the broker's own errors (kombu's, once its publish retries
+    ran out) as a ``BrokerUnavailableError``: no caller catches a kombu type."""
+    try:
+        app.send_task(task, **options)
+    except (KombuOperationalError, OSError) as exc:
+        raise BrokerUnavailableError(f"{task}: the broker is unreachable", reason="broker") from exc
 
 
 def enqueuers(

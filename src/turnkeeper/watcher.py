@@ -43,6 +43,8 @@ log = structlog.get_logger(__name__)
 
 BATCH = 2000
 """Watched runs per statement: up to this many running runs, a sweep is one statement."""
+_BACKOFF = 1.0
+"""The wait after a sweep failed for a reason that is no service's."""
 
 
 class CrashWatcher:
@@ -63,10 +65,20 @@ class CrashWatcher:
         self._armed: dict[str, str] = {}
         """Run id -> the attempt whose owner this session saw holding the run's lock."""
         self._generation = 0
+        self._leading: bool | None = None
         self._stop = threading.Event()
 
     def sweep(self) -> list[Claim]:
-        """Look at every watched run once; hand over those whose owner is gone."""
+        """Look at every watched run once; hand over those whose owner is gone. Only
+        the one watcher of the database does (``WatchSession.lead``); another stands by
+        until that one's session ends, and then starts from nothing."""
+        leading = self._session.lead()
+        if leading != self._leading:
+            self._leading = leading
+            log.info("crash.watcher_leading" if leading else "crash.watcher_standby")
+        if not leading:
+            self._armed = {}
+            return []
         owners = self._session.watched(self._batch)
         if self._session.generation != self._generation:
             # A new session: nothing it saw before counts (the server may be new).
@@ -108,9 +120,13 @@ class CrashWatcher:
             started = time.monotonic()
             try:
                 self.sweep()
-            except TurnkeeperError as exc:
+            except TurnkeeperError as exc:  # the database or the broker: the next sweep
                 log.warning("crash.sweep_failed", error=str(exc))
                 self._session.close()
+            except Exception:  # a bug must not end crash detection for the fleet's life
+                log.exception("crash.sweep_failed")
+                self._session.close()
+                self._stop.wait(_BACKOFF)
             self._stop.wait(max(0.0, interval - (time.monotonic() - started)))
         self._session.close()
 

@@ -29,6 +29,7 @@ from turnkeeper.client import Client
 from turnkeeper.config import Settings
 from turnkeeper.driver import lifecycle
 from turnkeeper.errors import ServiceError
+from turnkeeper.owner import owner_pid
 from turnkeeper.store.records import Run
 
 FAST: dict[str, Any] = {
@@ -125,7 +126,7 @@ class Fleet:
     def signal_worker_of(self, run: Run, signum: int) -> int:
         """Signal the whole worker (its process group) that owns ``run``; returns the pgid."""
         assert run.owner is not None
-        pid = int(run.owner.rsplit(":", 1)[1])
+        pid = owner_pid(run.owner)
         pgid = os.getpgid(pid)
         os.killpg(pgid, signum)
         return pgid

@@ -23,6 +23,7 @@ import pytest
 
 from tests.driver.fleet import Fleet, expected_log
 from turnkeeper.config import Settings
+from turnkeeper.owner import owner_pid
 from turnkeeper.store.records import RunStatus
 
 RUNS = 30
@@ -124,7 +125,7 @@ def _owned_runs(fleet: Fleet, agents: dict[str, Any]) -> dict[int, list[str]]:
         if run.status.is_terminal or run.owner is None:
             continue
         try:
-            pgid = os.getpgid(int(run.owner.rsplit(":", 1)[1]))
+            pgid = os.getpgid(owner_pid(run.owner))
         except ProcessLookupError:
             continue
         owned.setdefault(pgid, []).append(run_id)

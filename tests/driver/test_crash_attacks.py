@@ -27,8 +27,9 @@ from turnkeeper.config import Settings
 from turnkeeper.embedded.ports import free_port
 from turnkeeper.embedded.postgres import EmbeddedPostgres
 from turnkeeper.errors import StoreUnavailableError
+from turnkeeper.owner import owner_pid, session_name
 from turnkeeper.store import migration
-from turnkeeper.store.queries import OWNER_LOCK_SPACE
+from turnkeeper.store.queries import LOCKS_SESSION_PREFIX, OWNER_LOCK_SPACE
 from turnkeeper.store.records import Claim, RunStatus
 from turnkeeper.store.session import OwnerLockSession, WatchSession
 from turnkeeper.watcher import CrashWatcher
@@ -41,8 +42,8 @@ def _terminate_lock_session(fleet: Fleet, owner: str) -> int:
     with psycopg.connect(fleet.settings.require_database_url(), autocommit=True) as conn:
         rows = conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND application_name = left(%s, 63)",
-            (f"turnkeeper-locks {owner}",),
+            " WHERE datname = current_database() AND application_name = %s",
+            (session_name(LOCKS_SESSION_PREFIX, owner),),
         ).fetchall()
     return len(rows)
 
@@ -60,7 +61,7 @@ def test_a_lock_session_ended_while_its_owner_is_frozen_is_no_crash(
     run = fleet.client.submit(slow, PROMPT)
     owned = mid_run(fleet, run.run_id, chunks=6)
     assert owned.owner is not None
-    pgid = os.getpgid(int(owned.owner.rsplit(":", 1)[1]))
+    pgid = os.getpgid(owner_pid(owned.owner))
     os.killpg(pgid, signal.SIGSTOP)
     try:
         assert _terminate_lock_session(fleet, owned.owner) == 1
@@ -205,7 +206,7 @@ def test_one_run_ending_leaves_the_locks_of_the_others_held(runtime: WorkerRunti
         locks.release(claims[2])
         _wait(lambda: _held_flags(runtime) == {**everyone, "many-2": False})
         # The others stay held through a reconnect too, taken back once each.
-        assert _terminate(runtime, f"turnkeeper-locks {runtime.owner}") == 1
+        assert _terminate(runtime, session_name(LOCKS_SESSION_PREFIX, runtime.owner)) == 1
         _wait(lambda: locks.held() == {c.run_id for c in claims} - {"many-2"})
         _wait(lambda: _held_flags(runtime) == {**everyone, "many-2": False})
         for claim in claims[:2]:

@@ -22,6 +22,7 @@ import psycopg
 from tests.driver.fleet import Fleet, expected_log
 from tests.driver.test_takeover import AGENT, PROMPT, _assert_log_is_oracle, _assert_transcript_once
 from turnkeeper.config import Settings
+from turnkeeper.owner import owner_pid
 from turnkeeper.store.records import Run, RunStatus
 
 
@@ -145,7 +146,7 @@ def test_dropping_the_owners_connections_loses_and_doubles_nothing(
     slow = {**AGENT, "pace": 0.1}
     run = fleet.client.submit(slow, PROMPT)
     owned = mid_run(fleet, run.run_id, chunks=6)
-    pid = int(str(owned.owner).rsplit(":", 1)[1])
+    pid = owner_pid(str(owned.owner))
     for round_ in range(3):
         while len(fleet.log_of(run.run_id)) < 6 + 8 * round_:
             time.sleep(0.02)
@@ -201,7 +202,7 @@ def test_twenty_owners_killed_at_once_are_each_taken_over_once(
     fleet.wait_ready()
     runs = [fleet.client.submit(LONG, f"{PROMPT} {i}") for i in range(RUNS_AT_ONCE)]
     owned = [mid_run(fleet, run.run_id, chunks=4) for run in runs]
-    owners = {int(str(r.owner).rsplit(":", 1)[1]) for r in owned}
+    owners = {owner_pid(str(r.owner)) for r in owned}
     assert owners == {p.pid for p in first}, "ten runs in each of the two processes"
     for proc in first:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -34,6 +34,7 @@ from tests.driver.test_sandbox_loss import (
 from turnkeeper.config import Settings
 from turnkeeper.driver.lifecycle import INTERRUPTED
 from turnkeeper.driver.placement import Placement
+from turnkeeper.owner import owner_host, owner_pid
 from turnkeeper.sandbox import SandboxSpec, provider_for
 from turnkeeper.store.records import Run, RunStatus, Verdict
 from turnkeeper.store.store import Store
@@ -79,7 +80,7 @@ def _attempts(fleet: Fleet, run_id: str) -> list[tuple[int, str | None, str]]:
 
 
 def _host_of(owner: str) -> str:
-    return owner.rsplit(":", 1)[0]
+    return owner_host(owner)
 
 
 def _assert_oracle(
@@ -307,7 +308,7 @@ def test_a_drained_host_hands_its_live_runs_over_and_loses_nothing(
             (1, "superseded"),
             (2, "completed"),
         ]
-        assert int(attempts[0][2].rsplit(":", 1)[1]) != drained.pid
+        assert owner_pid(attempts[0][2]) != drained.pid
         assert {_host_of(owner) for _, _, owner in attempts} == {"host-a"}
         _assert_oracle(a, done, agent, PROMPT, tmp_path / f"oracle-{run.run_id}")
         _assert_one_agent_process(a, done)
@@ -358,7 +359,7 @@ def test_chaos_on_three_hosts(make_host: MakeHost, tmp_path: Path) -> None:
         victim = rng.choice(targets)
         assert victim.owner is not None
         name = _host_of(victim.owner)
-        pid = int(victim.owner.rsplit(":", 1)[1])
+        pid = owner_pid(victim.owner)
         try:
             pgid = os.getpgid(pid)
         except ProcessLookupError:
@@ -367,7 +368,7 @@ def test_chaos_on_three_hosts(make_host: MakeHost, tmp_path: Path) -> None:
         if proc is None:
             continue
         for run in owned:  # every run of that worker suffers the hit
-            if run.owner is not None and run.owner.rsplit(":", 1)[1] == str(pid):
+            if run.owner is not None and owner_pid(run.owner) == pid:
                 hits[run.run_id] += 1
         os.killpg(pgid, signal.SIGKILL)
         proc.wait()

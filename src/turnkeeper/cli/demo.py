@@ -34,6 +34,7 @@ from turnkeeper.cli.fleet import sandbox_fallback, stop_fleet, wait_for_signal
 from turnkeeper.cli.render import ConversationRenderer
 from turnkeeper.client import Client
 from turnkeeper.config import Settings
+from turnkeeper.owner import owner_pid
 from turnkeeper.store import migration
 from turnkeeper.web import create_app
 from turnkeeper.web.serve import BackgroundServer, free_port
@@ -122,7 +123,7 @@ def _kill_owner(
     run = client.require(run_id)
     if run.owner is None:
         return "the run has no owner yet"
-    pid = int(run.owner.rsplit(":", 1)[1])
+    pid = owner_pid(run.owner)
     pgid = os.getpgid(pid)
     if pgid not in {proc.pid for proc in workers}:
         return f"owner {run.owner} is not one of the demo's workers"

@@ -20,6 +20,7 @@ the run goes on in a new process when the agent can continue, at most
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -143,8 +144,12 @@ def _own(runtime: WorkerRuntime, claim: Claim, *, fresh: bool) -> None:
         # Expected when a successor took over: stop writing, leave the sandbox to it.
         bound.info("attempt.stopped", reason=exc.reason)
     except ServiceError:
-        # Retries ran out (a service, or the sandbox's link): not the run's failure.
-        # The lease will expire and a successor takes over.
+        # Retries ran out (a service, or the sandbox's link): not the run's failure. This
+        # process lives on, so no crash handover comes: let the lease go, and the next
+        # reconcile hands the run to a successor (else, when the lease runs out).
+        keeper.stop()
+        with suppress(TurnkeeperError):
+            runtime.store.release_lease(claim, give_back_attempt=False)
         raise
     except TurnkeeperError as exc:
         if not ownership.held():
@@ -521,7 +526,7 @@ class Attempt:
         to a new attempt, which replays and follows it (on this host's queue, for a
         sandbox on its disk), as after any crash, only sooner."""
         self.keeper.stop()
-        self.ownership.confirm(self.store.release_lease(self.claim))
+        self.ownership.confirm(self.store.release_lease(self.claim, give_back_attempt=True))
         self._log.info("attempt.released", reason="drain")
 
     def _loss_reason(self, error: BaseException) -> str:

@@ -77,11 +77,16 @@ class OwnershipMixin(StoreBase):
             )
         return verdict
 
-    def release_lease(self, claim: Claim) -> Verdict:
-        """Let the lease go now (a draining worker handing its run over): the next
-        reconcile hands the run to a new attempt. The agent and its journal go on."""
+    def release_lease(self, claim: Claim, *, give_back_attempt: bool) -> Verdict:
+        """Let the lease go now: the next reconcile hands the run to a new attempt. The
+        agent and its journal go on. A draining worker gives the attempt back (a drain
+        never costs a run an attempt); an attempt whose retries ran out does not."""
         check_claim(claim)
-        params = {"run_id": claim.run_id, "attempt_id": claim.attempt_id}
+        params = {
+            "run_id": claim.run_id,
+            "attempt_id": claim.attempt_id,
+            "give_back": int(give_back_attempt),
+        }
         verdict = self._owner_write("release_lease", q.RELEASE_LEASE, params, claim)
         if verdict is Verdict.DONE:
             log.info(

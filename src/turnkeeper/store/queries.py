@@ -36,6 +36,9 @@ ENTRY_COLUMNS = (
 # key; only one owner then takes it, and the other run's attempt is never marked as
 # locked, so it is never watched and is left to its lease.
 OWNER_LOCK_SPACE = 1953198444  # "tkol"
+# The crash watcher's leader lock, in the same two-int space (no run's: its first key
+# differs): one watcher sweeps per database, whatever the number of beats.
+WATCHER_LOCK_SPACE = 1953199969
 
 # How a worker process names its sessions on the server (``application_name``), each
 # followed by its owner (``runs.owner``): its owner lock session and its store's pool.
@@ -76,6 +79,18 @@ _HAND_OVER_CANDIDATES = """), handed AS (
 SELECT run_id, attempt_id, epoch FROM handed ORDER BY run_id
 """
 
+# The session name of run r's owner without the prefix (``owner.session_name``).
+_OWNER_SESSION_KEY = """CASE WHEN split_part(r.owner, ':', 3) = '' THEN r.owner
+    ELSE split_part(r.owner, ':', 3) || ' ' || r.owner END"""
+# Run r's owner process has a session on this database besides ours.
+_OWNER_ALIVE = Template("""EXISTS (
+    SELECT 1 FROM pg_stat_activity a
+    WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+      AND a.application_name IN (
+          left('$locks' || $key, 63), left('$store' || $key, 63)))""").substitute(
+    locks=LOCKS_SESSION_PREFIX, store=STORE_SESSION_PREFIX, key=_OWNER_SESSION_KEY
+)
+
 # Fixed fragments shared by several statements. They are constants of this module,
 # never input: every value reaches the database as a bound parameter.
 _FRAGMENTS = {
@@ -91,8 +106,7 @@ _FRAGMENTS = {
     "hand_over_to_new_attempt": _HAND_OVER_CANDIDATES,
     "key_columns": KEY_COLUMNS,
     "lock_space": str(OWNER_LOCK_SPACE),
-    "locks_session_prefix": LOCKS_SESSION_PREFIX,
-    "store_session_prefix": STORE_SESSION_PREFIX,
+    "owner_alive": _OWNER_ALIVE,
     # A run's payload without its sealed env: what idempotency compares, and what a
     # settled run keeps (turnkeeper.envelope).
     "unsealed": "#- '{env,sealed}'",
@@ -185,10 +199,15 @@ WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
 RETURNING lease_expires_at
 """)
 
-# An owner letting its lease go (a drained worker): expired now, so the next reconcile
-# hands the run over, instead of one lease_ttl later.
+# An owner letting its lease go (a drained worker, an attempt whose service retries ran
+# out): expired now, so the next reconcile hands the run over, instead of one lease_ttl
+# later. A drain is the operator's choice, not the run's failure, so it gives the attempt
+# back (:give_back): the adoption counts it again, and a run on its last attempt is
+# handed over (HAND_OVER_EXPIRED) rather than failed attempts-exhausted (EXPIRE_EXHAUSTED).
 RELEASE_LEASE = text("""
-UPDATE runs SET lease_expires_at = now() - interval '1 millisecond', updated_at = now()
+UPDATE runs SET lease_expires_at = now() - interval '1 millisecond',
+    attempt_count = greatest(attempt_count - CAST(:give_back AS integer), 0),
+    updated_at = now()
 WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
   AND handed_over_at IS NULL
 RETURNING run_id
@@ -261,6 +280,10 @@ WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
 RETURNING run_id
 """)
 
+# The watcher's leader lock, held by its session for as long as it lives: the one
+# watcher that sweeps. A second beat's watcher stands by until that session ends.
+LEAD_WATCHERS = text(f"SELECT pg_try_advisory_lock({WATCHER_LOCK_SPACE}, 0) AS leading")
+
 # One page of the watched runs (running, their attempt's owner took the lock), each with
 # whether its owner lock is held now. The watcher's session takes a free lock and gives
 # it back within the same row, so it holds none of them after the statement.
@@ -279,25 +302,25 @@ FROM watched
 ORDER BY seq
 """)
 
-# Of the given attempts, the runs whose owner process still has a session on the server
-# (its lock session, connected again, or one of its store's): a sign of life, since a
-# process's death ends all of its sessions at once. The server keeps an application
-# name to 63 bytes, hence left().
+# Of the given attempts, the runs whose owner process still has a session on this
+# database (its lock session, connected again, or one of its store's): a sign of life,
+# since a process's death ends all of its sessions at once. The names are
+# ``owner.session_name``'s: the owner's token, then the owner, cut to the 63 bytes the
+# server keeps, hence left().
 LIVE_OWNERS = _sql("""
 SELECT r.run_id FROM runs r
 JOIN unnest(CAST(:run_ids AS text[]), CAST(:attempt_ids AS text[])) AS t(run_id, attempt_id)
     ON r.run_id = t.run_id AND r.attempt_id = t.attempt_id
-WHERE r.owner IS NOT NULL AND EXISTS (
-    SELECT 1 FROM pg_stat_activity a
-    WHERE a.pid <> pg_backend_pid()
-      AND a.application_name IN (left('$locks_session_prefix' || r.owner, 63),
-                                 left('$store_session_prefix' || r.owner, 63)))
+WHERE r.owner IS NOT NULL AND $owner_alive
 ORDER BY r.run_id
 """)
 
 # The crash handover: like HAND_OVER_EXPIRED, but for the given attempts whose owner
 # lock is free, checked again here under a transaction lock held until the handover
-# commits, so an owner that takes its lock back meanwhile is never handed over.
+# commits, so an owner that takes its lock back meanwhile is never handed over; and
+# whose owner process has no session now, looked at again here (not only in the
+# watcher's LIVE_OWNERS a statement earlier), so an owner whose sessions came back in
+# between keeps its run.
 HAND_OVER_ABSENT = _sql("""
 WITH free AS MATERIALIZED (
     SELECT t.run_id, t.attempt_id
@@ -310,6 +333,7 @@ WITH free AS MATERIALIZED (
       AND r.lease_expires_at IS NOT NULL
       AND r.attempt_count < r.max_attempts AND (r.deadline IS NULL OR r.deadline > now())
       AND r.cancel_requested_at IS NULL
+      AND (r.owner IS NULL OR NOT $owner_alive)
     ORDER BY r.seq
     FOR UPDATE OF r SKIP LOCKED
 $hand_over_to_new_attempt

@@ -28,6 +28,7 @@ from psycopg.rows import DictRow, dict_row
 
 from turnkeeper.config import plain_postgres_url
 from turnkeeper.errors import StoreError, StoreUnavailableError
+from turnkeeper.owner import APPLICATION_NAME_BYTES, session_name
 from turnkeeper.store import queries as q
 from turnkeeper.store.database import _CONNECT_TIMEOUT, Row, _fetch, store_error
 from turnkeeper.store.queries import pyformat
@@ -43,7 +44,7 @@ class LockSession:
             "autocommit": True,
             "row_factory": dict_row,
             "connect_timeout": _CONNECT_TIMEOUT,
-            "application_name": application_name[:63],
+            "application_name": application_name[:APPLICATION_NAME_BYTES],
             **options,
         }
         self._conn: psycopg.Connection[DictRow] | None = None
@@ -102,7 +103,7 @@ class LockSession:
         if not self.connected:
             return False
         try:
-            self.rows("lock_session.alive", q.NOW, {})
+            self.rows("lock_session.alive", q.NOW, {}, reconnect=False)
         except StoreError:
             self.close()
         return self.connected
@@ -140,7 +141,7 @@ def _keepalives(lease_ttl: float) -> dict[str, Any]:
 
 def store_session_name(owner: str) -> str:
     """The application name of the store sessions of the worker process ``owner``."""
-    return f"{q.STORE_SESSION_PREFIX}{owner}"
+    return session_name(q.STORE_SESSION_PREFIX, owner)
 
 
 class OwnerLockSession(LockSession):
@@ -149,7 +150,7 @@ class OwnerLockSession(LockSession):
     def __init__(self, database_url: str, *, owner: str, lease_ttl: float) -> None:
         super().__init__(
             database_url,
-            application_name=f"{q.LOCKS_SESSION_PREFIX}{owner}",
+            application_name=session_name(q.LOCKS_SESSION_PREFIX, owner),
             **_keepalives(lease_ttl),
         )
 
@@ -188,6 +189,19 @@ class WatchSession(LockSession):
 
     def __init__(self, database_url: str) -> None:
         super().__init__(database_url, application_name="turnkeeper-crash-watcher")
+        self._leading = 0
+        """The generation of this session that holds the watcher's leader lock; 0: none."""
+
+    def lead(self) -> bool:
+        """Whether this session is the one watcher of the database, taking the leader
+        lock if it is free (``LEAD_WATCHERS``). One watcher only: a sweep takes every
+        free owner lock for an instant, so a second watcher's sweep would read a lock
+        the first is probing as held, and arm a run whose owner may be gone."""
+        if self._leading and self._leading == self.generation and self.connected:
+            return True
+        rows = self.rows("lead_watchers", q.LEAD_WATCHERS, {})
+        self._leading = self.generation if rows and rows[0]["leading"] else 0
+        return bool(self._leading)
 
     def watched(self, batch: int) -> list[WatchedOwner]:
         """Every watched run, a page of ``batch`` per statement, in admission order."""

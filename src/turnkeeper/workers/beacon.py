@@ -64,15 +64,22 @@ class HostBeacon:
         self._thread = threading.Thread(target=self._run, name="host-beacon", daemon=True)
 
     def start(self) -> HostBeacon:
+        """Start the thread, which announces the process first. Nothing here waits for
+        the database: this runs while the pool process starts (``worker_process_init``),
+        and Celery kills a pool process that is not up within
+        ``worker_proc_alive_timeout`` (4 s), less than a slow connection may take."""
+        self._thread.start()
+        return self
+
+    def announce(self) -> None:
         try:
             self.store.start_worker(
                 self.worker_id, self.settings.host_id, os.getpid(), self.main_pid
             )
-        except TurnkeeperError as exc:  # the thread's beats insert the row later
+        except TurnkeeperError as exc:  # the next beats insert the row
             log.warning("host.announce_failed", error=str(exc))
+            return
         log.info("host.announced", host=self.settings.host_id, worker=self.worker_id)
-        self._thread.start()
-        return self
 
     def beat(self) -> None:
         orders = self.store.beat_worker(
@@ -89,8 +96,14 @@ class HostBeacon:
         self._stop.set()
 
     def _run(self) -> None:
+        try:
+            self.announce()
+        except Exception:  # a dead beacon would make a live host look dead
+            log.exception("host.announce_failed")
         while not self._stop.wait(self.settings.host_beacon_interval):
             try:
                 self.beat()
             except TurnkeeperError as exc:
                 log.warning("host.beat_failed", error=str(exc))
+            except Exception:  # a dead beacon would make a live host look dead
+                log.exception("host.beat_failed")

@@ -100,15 +100,31 @@ class OwnerLocks:
 
     def _run(self) -> None:
         try:
-            while self._serve_requests():
-                self._keep()
-                self._held_now = frozenset(self._held)
-                self._wait()
+            while self._serve_requests_safely():
+                try:
+                    self._keep()
+                    self._held_now = frozenset(self._held)
+                    self._wait()
+                except Exception:  # a bug must not end crash detection for this process
+                    log.exception("owner_lock.thread_failed", runs=len(self._wanted))
+                    self._session.close()
+                    self._session_lost()
+                    self._held_now = frozenset()
+                    time.sleep(_RETRY_CAP)
         finally:
             self._session.close()
             self._closed.set()
             self._wake_read.close()
             self._wake_write.close()
+
+    def _serve_requests_safely(self) -> bool:
+        try:
+            return self._serve_requests()
+        except Exception:
+            log.exception("owner_lock.thread_failed", runs=len(self._wanted))
+            self._session.close()
+            self._session_lost()
+            return True
 
     def _serve_requests(self) -> bool:
         while True:
@@ -136,8 +152,10 @@ class OwnerLocks:
             try:
                 self._session.release(claim.run_id)
             except StoreError as exc:
-                # The session broke: the lock went with it.
+                # The session broke: this lock went with it, and so did every other.
                 log.warning("owner_lock.release_failed", run_id=claim.run_id, error=str(exc))
+                if not self._session.connected:
+                    self._session_lost()
         if not self._wanted:
             self._retry_at = None
 
@@ -152,6 +170,7 @@ class OwnerLocks:
         except StoreError as exc:
             if not self._session.connected:
                 self._held.clear()  # the session ended, and its locks with it
+                self._held_now = frozenset()
             self._schedule_retry()
             if self._failures == 1:
                 log.warning("owner_lock.session_lost", error=str(exc), runs=len(self._wanted))
@@ -200,7 +219,10 @@ class OwnerLocks:
                 while self._wake_read.recv(4096):
                     pass
         if fd is not None and fd in ready and not self._session.alive():
-            # The server ended the session: its locks are gone. Take them back now.
-            self._held.clear()
-            self._failures, self._retry_at = 0, 0.0 if self._wanted else None
+            self._session_lost()
             log.warning("owner_lock.session_ended", runs=len(self._wanted))
+
+    def _session_lost(self) -> None:
+        """The session ended, and every lock it held with it: take them all back now."""
+        self._held.clear()
+        self._failures, self._retry_at = 0, 0.0 if self._wanted else None

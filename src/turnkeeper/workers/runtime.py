@@ -21,6 +21,7 @@ from turnkeeper.driver.replay import StoredLog
 from turnkeeper.envelope import EnvSealer
 from turnkeeper.errors import AgentError, SandboxError
 from turnkeeper.log import RunLog
+from turnkeeper.owner import new_owner
 from turnkeeper.sandbox.factory import at_least_as_strong, provider_for
 from turnkeeper.sandbox.provider import SandboxProvider
 from turnkeeper.secret import ServerSecret
@@ -61,7 +62,7 @@ class WorkerRuntime:
 
     @classmethod
     def open(cls, settings: Settings) -> WorkerRuntime:
-        owner = f"{settings.host_id}:{os.getpid()}"
+        owner = new_owner(settings.host_id)
         store = Store(settings.require_database_url(), application_name=store_session_name(owner))
         run_log = RunLog.from_url(
             settings.require_redis_url(),
