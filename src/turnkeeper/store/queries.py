@@ -57,10 +57,11 @@ WHERE j.run_id = :run_id AND j.attempt_id = :attempt_id
   AND r.run_id = j.run_id AND r.attempt_id = :attempt_id AND r.status = 'running'
 """
 
-# The handover of the runs a statement picked as ``candidates`` (run_id, attempt_id): a
-# new attempt id and epoch + 1 fence the old owner at once; the slot follows; the old
-# attempt ends as superseded, for :cause. The lease starts only at adoption.
-_HAND_OVER_CANDIDATES = """), handed AS (
+# The handover of the runs a statement picked in its CTE ``candidates`` (run_id,
+# attempt_id), as the CTEs that follow it: a new attempt id and epoch + 1 fence the old
+# owner at once; the slot follows; the old attempt ends as superseded, for :cause. The
+# lease starts only at adoption. The statement's own SELECT reads ``handed``.
+_HAND_OVER_CANDIDATES = """handed AS (
     UPDATE runs r SET attempt_id = replace(CAST(gen_random_uuid() AS text), '-', ''),
         epoch = r.epoch + 1, owner = NULL, lease_expires_at = NULL,
         handed_over_at = now(), dispatched_at = now(), updated_at = now()
@@ -75,9 +76,7 @@ _HAND_OVER_CANDIDATES = """), handed AS (
     FROM handed
     WHERE a.run_id = handed.run_id AND a.attempt_id = handed.old_attempt_id
       AND a.ended_at IS NULL
-)
-SELECT run_id, attempt_id, epoch FROM handed ORDER BY run_id
-"""
+)"""
 
 # The session name of run r's owner without the prefix (``owner.session_name``).
 _OWNER_SESSION_KEY = """CASE WHEN split_part(r.owner, ':', 3) = '' THEN r.owner
@@ -253,7 +252,8 @@ WITH candidates AS (
     ORDER BY lease_expires_at, seq
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
-$hand_over_to_new_attempt
+), $hand_over_to_new_attempt
+SELECT run_id, attempt_id, epoch FROM handed ORDER BY run_id
 """)
 
 # --- owner locks (docs/architecture.md, "Crash detection") --------------------------------
@@ -336,7 +336,8 @@ WITH free AS MATERIALIZED (
       AND (r.owner IS NULL OR NOT $owner_alive)
     ORDER BY r.seq
     FOR UPDATE OF r SKIP LOCKED
-$hand_over_to_new_attempt
+), $hand_over_to_new_attempt
+SELECT run_id, attempt_id, epoch FROM handed ORDER BY run_id
 """)
 
 # How often a run was handed over, by cause.
