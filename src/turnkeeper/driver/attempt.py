@@ -229,7 +229,9 @@ class Attempt:
             spec=SandboxSpec(journal_max_bytes=self.settings.journal_max_bytes),
             settings=self.settings,
             max_line_bytes=self.settings.max_line_bytes,
+            workspace_of=run.session_id if run.keeps_workspace else None,
         )
+        self._workspace_announced = False
         self._log = log.bind(run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
 
     # --- entry ------------------------------------------------------------------------
@@ -292,6 +294,7 @@ class Attempt:
         self._replay_stored(len(journals) - 1 if reuse else len(journals))
         command = self._command()
         journal = last if reuse and last is not None else self.place.new_journal(sandbox)
+        self._announce_workspace()
         return self._spawn(sandbox, journal, command)
 
     def _attach(self) -> Ending:
@@ -385,7 +388,7 @@ class Attempt:
     ) -> None:
         """Stop the agent, settle, end the log with one final chunk: a cancel by default,
         or a deadline passed."""
-        self.place.destroy()
+        self.place.stop()
         self.ownership.check()
         final = final or lifecycle.cancelled()
         self._settle(status, error or {"reason": "cancelled", "message": final["message"]})
@@ -573,7 +576,7 @@ class Attempt:
         self.output.close()
         if settled:
             try:
-                self.place.destroy()
+                self.place.settled()
             except TurnkeeperError as exc:  # the reaper retries; the run is settled
                 self._log.warning("sandbox.destroy_failed", error=str(exc))
 
@@ -593,6 +596,7 @@ class Attempt:
     def _replay_stored(self, count: int) -> None:
         """Re-produce the output of the first ``count`` agent processes from their
         stored bytes, each given-up one followed by its interruption marks."""
+        self._announce_workspace()
         for index, journal in enumerate(self.place.journals[:count]):
             self._emit_replayed(
                 StoredJournal(
@@ -604,6 +608,14 @@ class Attempt:
             )
             if journal.given_up:  # a journal that never started ran nothing: no marks
                 self._interrupt(process_index(self.place.journals, index))
+
+    def _announce_workspace(self) -> None:
+        """The fresh-workspace notice, once, right after ``RUN_STARTED``, as soon as the
+        placement recorded it (``replay.stored_chunks`` puts it there too)."""
+        reason = self.place.recorded_fresh_workspace
+        if reason is not None and not self._workspace_announced:
+            self._workspace_announced = True
+            self._emit(self.replay.fresh_workspace(reason))
 
     def _emit_replayed(self, lines: Iterable[Line]) -> None:
         for batch in batches(lines, _REPLAY_BATCH):

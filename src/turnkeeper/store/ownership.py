@@ -257,8 +257,11 @@ class OwnershipMixin(StoreBase):
         )
         return Verdict.DONE
 
-    def record_sandbox(self, claim: Claim, sandbox_ref: Mapping[str, Any]) -> Verdict:
-        """Remember where the run's sandbox lives, fenced by the attempt."""
+    def record_sandbox(
+        self, claim: Claim, sandbox_ref: Mapping[str, Any], *, keeps_workspace: bool = False
+    ) -> Verdict:
+        """Remember where the run's sandbox lives, fenced by the attempt; with
+        ``keeps_workspace``, in the same write, as its session's workspace."""
         check_claim(claim)
         if not isinstance(sandbox_ref, Mapping):
             raise InvalidInputError("sandbox_ref must be a mapping")
@@ -266,6 +269,7 @@ class OwnershipMixin(StoreBase):
             "run_id": claim.run_id,
             "attempt_id": claim.attempt_id,
             "sandbox_ref": to_json(dict(sandbox_ref), "sandbox_ref"),
+            "keeps_workspace": bool(keeps_workspace),
         }
         return self._owner_write("record_sandbox", q.RECORD_SANDBOX, params, claim)
 

@@ -78,7 +78,14 @@ SELECT run_id, attempt_id, epoch FROM handed ORDER BY run_id
 
 # Fixed fragments shared by several statements. They are constants of this module,
 # never input: every value reaches the database as a bound parameter.
+# A session is idle once none of its runs is unsettled or settled within the TTL.
+SESSION_IDLE = """NOT EXISTS (
+    SELECT 1 FROM runs r WHERE r.session_id = s.session_id
+      AND (r.status IN ('queued', 'running')
+           OR r.finished_at > now() - make_interval(secs => CAST(:ttl AS double precision))))"""
+
 _FRAGMENTS = {
+    "session_idle": SESSION_IDLE,
     "run_columns": RUN_COLUMNS,
     "slot_columns": SLOT_COLUMNS,
     "entry_columns": ENTRY_COLUMNS,
@@ -424,11 +431,26 @@ WHERE r.run_id = :run_id AND r.attempt_id = :attempt_id AND r.status = :status
 """)
 
 # The placement record's host is copied to a column, so per-host reads are indexed.
+# With ``:keeps_workspace`` the run's sandbox is its session's workspace too, in the same
+# write: the session names the sandbox its latest run's placement names, so a successor
+# finds the placement and the workspace decided together, or neither.
 RECORD_SANDBOX = text("""
-UPDATE runs SET sandbox_ref = CAST(:sandbox_ref AS jsonb),
-    sandbox_host = CAST(:sandbox_ref AS jsonb) ->> 'host', updated_at = now()
-WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
-RETURNING run_id
+WITH recorded AS (
+    UPDATE runs SET sandbox_ref = CAST(:sandbox_ref AS jsonb),
+        sandbox_host = CAST(:sandbox_ref AS jsonb) ->> 'host', updated_at = now()
+    WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
+    RETURNING run_id, session_id
+), workspace AS (
+    UPDATE sessions s SET
+        workspace = jsonb_build_object('sandbox', CAST(:sandbox_ref AS jsonb) -> 'sandbox'),
+        workspace_host = CAST(:sandbox_ref AS jsonb) ->> 'host'
+    FROM recorded
+    WHERE s.session_id = recorded.session_id AND CAST(:keeps_workspace AS boolean)
+      AND jsonb_typeof(CAST(:sandbox_ref AS jsonb) -> 'sandbox') = 'object'
+      AND s.workspace IS DISTINCT FROM
+          jsonb_build_object('sandbox', CAST(:sandbox_ref AS jsonb) -> 'sandbox')
+)
+SELECT run_id FROM recorded
 """)
 
 REQUEST_CANCEL = _sql("""
@@ -645,6 +667,43 @@ ON CONFLICT (session_id) DO UPDATE SET deleted_at = now()
 """)
 
 SESSION_TENANT = text("SELECT key_name FROM sessions WHERE session_id = :session_id")
+
+# --- session workspaces (docs/architecture.md, "Session workspaces") -------------------
+
+SESSION_WORKSPACE = text("""
+SELECT workspace, workspace_host FROM sessions WHERE session_id = :session_id
+""")
+
+# The workspaces of idle sessions, on the host's share as RUNS_TO_REAP splits it.
+IDLE_WORKSPACES = _sql("""
+SELECT s.session_id, s.workspace -> 'sandbox' AS sandbox FROM sessions s
+WHERE jsonb_typeof(s.workspace -> 'sandbox') = 'object'
+  AND CASE WHEN CAST(:host AS text) IS NULL
+      THEN s.workspace_host IS NULL
+           OR NOT (s.workspace -> 'sandbox' ->> 'provider') = ANY(CAST(:host_local AS text[]))
+      ELSE s.workspace_host = :host
+           AND (s.workspace -> 'sandbox' ->> 'provider') = ANY(CAST(:host_local AS text[]))
+      END
+  AND $session_idle
+ORDER BY s.updated_at
+LIMIT :limit
+""")
+
+# Run under the session's advisory lock (LOCK_SESSION), which admission takes too: a
+# run admitted after this commits finds the workspace gone, one admitted before keeps
+# the session busy, so no run is ever handed a workspace the reaper is destroying.
+RETIRE_WORKSPACE = _sql("""
+UPDATE sessions s SET workspace = jsonb_build_object('sandbox', NULL, 'gone', 'expired'),
+    workspace_host = NULL
+WHERE s.session_id = :session_id AND s.workspace -> 'sandbox' ->> 'id' = :sandbox_id
+  AND $session_idle
+RETURNING s.session_id
+""")
+
+KEPT_WORKSPACES = text("""
+SELECT workspace -> 'sandbox' ->> 'id' AS sandbox_id FROM sessions
+WHERE jsonb_typeof(workspace -> 'sandbox') = 'object'
+""")
 
 # --- API keys --------------------------------------------------------------------------
 

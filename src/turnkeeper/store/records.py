@@ -110,6 +110,13 @@ class Run:
     def awaiting_adoption(self) -> bool:
         return self.handed_over_at is not None
 
+    @property
+    def keeps_workspace(self) -> bool:
+        """A run of a named session works in its session's workspace, which outlives it;
+        a run submitted without one (its session id is its run id) has a sandbox of its
+        own, destroyed once it settled (docs/architecture.md, "Session workspaces")."""
+        return self.session_id != self.run_id
+
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Run:
         values = dict(row)
