@@ -141,7 +141,7 @@ class Client:
             key_name=key_name,
         )
         if created or run.status is RunStatus.QUEUED:
-            enqueue_run(self.app, self.settings, run_id)
+            enqueue_run(self.app, self.settings, run_id, store=self.store)
             self.store.mark_dispatched(run_id)
         return run
 

@@ -124,11 +124,13 @@ def status(
     run_id: str,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
 ) -> None:
-    """Show a run's status, phase, epoch, attempts, owner, sandbox host, lease and error."""
+    """Show a run's status, phase, epoch, attempts, owner, sandbox host, lease and error;
+    for a queued run, how many runs of its session it waits behind (0: it starts next)."""
     with client_from_env() as client:
         run = client.require(run_id)
         journal = client.store.get_turn_slot(run_id)
         info = describe(run, journal.phase.value if journal else None)
+        info["waiting_behind"] = client.store.waiting_behind(run_id)
         info["takeovers"] = takeover_counts(client.store.takeovers_of(run_id))
     if as_json:
         print(json.dumps(info))

@@ -763,13 +763,40 @@ ORDER BY lease_expires_at, seq
 LIMIT :limit
 """)
 
+# A run queued behind an earlier unsettled run of its session is waiting, not stale:
+# the settle of the run ahead starts it (NEXT_IN_SESSION), or this sweep once it leads.
 STALE_QUEUED_RUNS = _sql("""
-SELECT $run_columns FROM runs
-WHERE status = 'queued'
-  AND COALESCE(dispatched_at, created_at)
+SELECT $run_columns FROM runs r
+WHERE r.status = 'queued'
+  AND COALESCE(r.dispatched_at, r.created_at)
       < now() - make_interval(secs => CAST(:older_than AS double precision))
-ORDER BY seq
+  AND NOT EXISTS (
+      SELECT 1 FROM runs e
+      WHERE e.session_id = r.session_id AND e.seq < r.seq
+        AND e.status IN ('queued', 'running'))
+ORDER BY r.seq
 LIMIT :limit
+""")
+
+# How many unsettled runs of its session a queued run waits behind (0: it leads).
+WAITING_BEHIND = text("""
+SELECT (SELECT count(*) FROM runs e
+        WHERE e.session_id = r.session_id AND e.seq < r.seq
+          AND e.status IN ('queued', 'running')) AS waiting_behind
+FROM runs r WHERE r.run_id = :run_id AND r.status = 'queued'
+""")
+
+# The queued run of a settled run's session that leads now: the one to start.
+NEXT_IN_SESSION = text("""
+SELECT n.run_id FROM runs r JOIN runs n ON n.session_id = r.session_id
+WHERE r.run_id = :run_id AND r.status IN ('completed', 'failed', 'aborted')
+  AND n.status = 'queued'
+  AND NOT EXISTS (
+      SELECT 1 FROM runs e
+      WHERE e.session_id = n.session_id AND e.seq < n.seq
+        AND e.status IN ('queued', 'running'))
+ORDER BY n.seq
+LIMIT 1
 """)
 
 MARK_DISPATCHED = text("""

@@ -31,7 +31,8 @@ from turnkeeper.errors import (
 )
 from turnkeeper.hosts import fleet_view
 from turnkeeper.log.quota import STREAM_RENEW_SECONDS
-from turnkeeper.store.records import Run, check_id
+from turnkeeper.store.records import Run, RunStatus, check_id
+from turnkeeper.store.store import Store
 from turnkeeper.web import sse
 from turnkeeper.web.auth import Principal, authenticate, bearer_key, require_visible
 from turnkeeper.web.views import entry_view, events_path, run_view
@@ -121,10 +122,16 @@ def _state(request: Request) -> WebState:
 def _described(request: Request, run: Run) -> dict[str, Any]:
     state = _state(request)
     store = state.client.store
-    view = run_view(run, store.get_turn_slot(run.run_id), store.database_now())
+    view = run_view(
+        run, store.get_turn_slot(run.run_id), store.database_now(), _waiting_behind(store, run)
+    )
     token = state.tokens.issue(run.run_id)
     view["stream_url"] = events_path(request.scope.get("root_path", ""), run.run_id, token)
     return view
+
+
+def _waiting_behind(store: Store, run: Run) -> int | None:
+    return store.waiting_behind(run.run_id) if run.status is RunStatus.QUEUED else None
 
 
 def _visible_run(request: Request, principal: Principal, run_id: str) -> Run:
@@ -180,7 +187,11 @@ def _add_run_routes(api: APIRouter) -> None:
             status=status, session_id=session_id, key_name=principal.tenant_filter, limit=count
         )
         now = client.store.database_now()
-        views = [run_view(run, client.store.get_turn_slot(run.run_id), now) for run in runs]
+        store = client.store
+        views = [
+            run_view(run, store.get_turn_slot(run.run_id), now, _waiting_behind(store, run))
+            for run in runs
+        ]
         return {"runs": views, "now": now.isoformat()}
 
     @api.post("/runs/{run_id:path}/cancel", tags=["runs"])
