@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.driver.fleet import Fleet, expected_log
+from tests.driver.fleet import Fleet, expected_log, follow_up_prompt
 from turnkeeper.config import Settings
 from turnkeeper.store.records import RunStatus
 
@@ -70,11 +70,14 @@ def test_a_follow_up_waits_for_the_active_run_and_then_runs(fleet: Fleet, tmp_pa
     workdir = tmp_path / "oracle"
     workdir.mkdir()
     (workdir / "gate").touch()
+    earlier: list[tuple[str, list[Any]]] = []
     for run, agent, prompt in zip(
         runs, (GATED, AGENT, AGENT), ("one", "two", "three"), strict=True
     ):
-        oracle = expected_log(run.run_id, "chat", agent, prompt, workdir)
+        given = follow_up_prompt(prompt, earlier) if agent is AGENT else prompt
+        oracle = expected_log(run.run_id, "chat", agent, given, workdir)
         assert [chunk for _, chunk in fleet.log_of(run.run_id)] == oracle
+        earlier.append((prompt, oracle))
     # Two workers' logs: in the order they were written.
     started = sorted(fleet.events("run.next_in_session"), key=lambda e: e["timestamp"])
     assert [(e["run_id"], e["after"]) for e in started] == [

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.driver.fleet import Fleet, expected_log
+from tests.driver.fleet import Fleet, expected_log, follow_up_prompt
 from turnkeeper.chunks import Chunk
 from turnkeeper.driver import lifecycle
 from turnkeeper.store.records import Run, RunStatus
@@ -65,9 +65,11 @@ def test_every_run_of_a_session_works_in_its_workspace(fleet: Fleet, tmp_path: P
     _settled(fleet, one)
 
     workdir = tmp_path / "oracle-chat"
-    assert _chunks(fleet, first.run_id) == expected_log(first.run_id, "chat", AGENT, FIRST, workdir)
+    said = expected_log(first.run_id, "chat", AGENT, FIRST, workdir)
+    assert _chunks(fleet, first.run_id) == said
+    follow_up = follow_up_prompt(SECOND, [(FIRST, said)])
     assert _chunks(fleet, second.run_id) == expected_log(
-        second.run_id, "chat", AGENT, SECOND, workdir
+        second.run_id, "chat", AGENT, follow_up, workdir
     )
     assert second.sandbox_ref is not None
     assert first.sandbox_ref is not None
@@ -83,11 +85,14 @@ def test_every_run_of_a_session_works_in_its_workspace(fleet: Fleet, tmp_path: P
 
 def test_a_lost_workspace_is_survivable_and_the_run_says_so(fleet: Fleet, tmp_path: Path) -> None:
     fleet.start_worker()
-    _settled(fleet, fleet.client.submit(AGENT, FIRST, session_id="chat"))
+    first = _settled(fleet, fleet.client.submit(AGENT, FIRST, session_id="chat"))
+    said = expected_log(first.run_id, "chat", AGENT, FIRST, tmp_path / "oracle-first")
     lost = _root(fleet, "chat")
     shutil.rmtree(lost)
     second = _settled(fleet, fleet.client.submit(AGENT, SECOND, session_id="chat"))
-    oracle = expected_log(second.run_id, "chat", AGENT, SECOND, tmp_path / "oracle-fresh")
+    # The workspace is gone; the conversation is not: the transcript holds it.
+    follow_up = follow_up_prompt(SECOND, [(FIRST, said)])
+    oracle = expected_log(second.run_id, "chat", AGENT, follow_up, tmp_path / "oracle-fresh")
     assert _chunks(fleet, second.run_id) == _fresh(oracle, "lost")
     assert _root(fleet, "chat") != lost
     assert (_root(fleet, "chat") / "workspace").is_dir()
@@ -114,7 +119,9 @@ def test_the_reaper_destroys_an_idle_sessions_workspace_after_the_ttl(
             time.sleep(0.1)
         assert next(e.entry_id for e in fleet.client.transcript("chat")) == f"{first.run_id}/input"
         second = _settled(fleet, fleet.client.submit(AGENT, SECOND, session_id="chat"))
-        oracle = expected_log(second.run_id, "chat", AGENT, SECOND, tmp_path / "oracle-fresh")
+        said = expected_log(first.run_id, "chat", AGENT, FIRST, tmp_path / "oracle-first")
+        follow_up = follow_up_prompt(SECOND, [(FIRST, said)])
+        oracle = expected_log(second.run_id, "chat", AGENT, follow_up, tmp_path / "oracle-fresh")
         assert _chunks(fleet, second.run_id) == _fresh(oracle, "expired")
     finally:
         fleet.stop()
@@ -131,9 +138,10 @@ def test_a_follow_up_taken_over_mid_stream_goes_on_in_the_workspace(
     done = _settled(fleet, second)
     assert (done.epoch, done.attempt_count) == (2, 2)
     workdir = tmp_path / "oracle-chat"
-    expected_log(first.run_id, "chat", AGENT, FIRST, workdir)
+    said = expected_log(first.run_id, "chat", AGENT, FIRST, workdir)
+    follow_up = follow_up_prompt(SECOND, [(FIRST, said)])
     assert _chunks(fleet, second.run_id) == expected_log(
-        second.run_id, "chat", AGENT, SECOND, workdir
+        second.run_id, "chat", AGENT, follow_up, workdir
     )
     assert done.sandbox_ref is not None
     assert first.sandbox_ref is not None

@@ -33,6 +33,18 @@ continuation prompt; a list is the continuation argv, in which the whole
 elements ``{prompt}``, ``{prompt_file}``, ``{session_id}`` (the agent's own
 conversation id, from :attr:`Translator.session_id`) and ``{start_turn}`` (the
 0-based turn to resume at) are replaced.
+
+Follow-ups (a later run of the same session, :meth:`AgentSpec.follow_up_command`):
+an agent whose ``continue`` is a list resumes its own conversation with it, at turn
+0, ``{session_id}`` being the id its earlier run reported (``claude -p --resume
+ID``, ``codex exec resume ID``); any other agent gets a new process each run, its
+command as in a first run, and remembers nothing. The scripted agent continues from
+the stored transcript instead (:attr:`AgentSpec.recalls_transcript`): its prompt
+carries the earlier turns.
+
+A conversation id comes from the agent's own output, which a prompt can steer, and
+becomes an argument of the next process: only ids that cannot read as an option or
+hold anything but ``[A-Za-z0-9._:-]`` are used (``safe_session_id``).
 """
 
 from __future__ import annotations
@@ -55,6 +67,16 @@ SESSION_ID = "{session_id}"
 START_TURN = "{start_turn}"
 PRESETS = ("scripted", "claude-code", "codex")
 _ENV_FROM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")
+
+
+def safe_session_id(value: object) -> str | None:
+    """``value`` when it may be an argument of an agent's command: it can never read as
+    an option, a path or shell syntax; else None."""
+    if isinstance(value, str) and _SESSION_ID.fullmatch(value):
+        return value
+    return None
+
 
 ENV_REFUSED: tuple[tuple[str, str], ...] = (
     ("LD_*", "the dynamic loader preloads, audits or finds libraries through them"),
@@ -237,8 +259,33 @@ class AgentSpec(BaseModel):
                 "continuing this agent needs its session id, which it never reported",
                 reason="no-session-id",
             )
+        if session_id is not None and safe_session_id(session_id) is None:
+            raise AgentError(
+                "the agent reported a session id that cannot be passed back to it safely",
+                reason="unsafe-session-id",
+            )
         values = {SESSION_ID: session_id or "", START_TURN: str(start_turn)}
         return self.command_for([values.get(arg, arg) for arg in self.continue_])
+
+    @property
+    def recalls_transcript(self) -> bool:
+        """A follow-up of this agent is given the earlier turns in its prompt, from the
+        stored transcript (the scripted agent), instead of resuming a conversation of
+        its own."""
+        return self.preset == "scripted"
+
+    def follow_up_command(self, *, session_id: str | None) -> AgentCommand:
+        """The first process of a follow-up run: the ``continue`` list at turn 0 resumes
+        the agent's own conversation ``session_id``; an agent without one (``continue``
+        true or false), one that recalls the transcript, or one whose list needs an id
+        its earlier run never reported (or reported unsafely) starts as in a first run."""
+        template = self.continue_
+        if not isinstance(template, list) or self.recalls_transcript:
+            return self.start_command()
+        resumable = safe_session_id(session_id)
+        if SESSION_ID in template and resumable is None:
+            return self.start_command()
+        return self.continuation_command(session_id=resumable, start_turn=0)
 
     def argv(self, prompt: str) -> list[str]:
         """The argv of a direct run, outside any sandbox, for tests and benchmarks:

@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from turnkeeper.agents.spec import AgentSpec
+from turnkeeper.agents.spec import AgentSpec, safe_session_id
 from turnkeeper.chunks import Chunk
 from turnkeeper.driver import lifecycle
+from turnkeeper.driver.conversation import FollowUp
 from turnkeeper.driver.feed import JournalFeed
 from turnkeeper.driver.output import LEASE_RENEWALS, RunOutput, end_log
 from turnkeeper.driver.ownership import Ownership
@@ -232,6 +233,10 @@ class Attempt:
             workspace_of=run.session_id if run.keeps_workspace else None,
         )
         self._workspace_announced = False
+        self.follow_up: FollowUp | None = None
+        self.agent_prompt = self.prompt
+        """What the agent is given: the prompt, or for an agent that recalls the
+        transcript, the prompt with the conversation it follows up."""
         self._log = log.bind(run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
 
     # --- entry ------------------------------------------------------------------------
@@ -244,6 +249,9 @@ class Attempt:
             self._log.info("takeover.classified", action=action.value)
         self._emit(self.replay.started())
         self.recorder.record_input(self.prompt)
+        self.follow_up = FollowUp.of(self.store, self.run, self.recorder.input_parent)
+        if self.follow_up is not None and self.spec.recalls_transcript:
+            self.agent_prompt = self.follow_up.prompt(self.prompt)
         steps: dict[Recovery, Callable[[], Ending]] = {
             Recovery.ABORT: self._abort_at_takeover,
             Recovery.START: self._start,
@@ -398,12 +406,16 @@ class Attempt:
 
     def _command(self) -> AgentCommand:
         """The next agent process's command, with the run's env opened: a continuation
-        once one was given up."""
+        once one was given up; in a follow-up, the command that resumes the agent's own
+        conversation (docs/architecture.md, "Follow-ups")."""
+        resumed = self.follow_up.agent_session_id if self.follow_up else None
         if any(journal.given_up for journal in self.place.journals):
             command = self.spec.continuation_command(
-                session_id=self.replay.agent_session_id,
+                session_id=self.replay.agent_session_id or resumed,
                 start_turn=self.replay.turns_completed,
             )
+        elif self.follow_up is not None:
+            command = self.spec.follow_up_command(session_id=resumed)
         else:
             command = self.spec.start_command()
         return replace(command, env=self.env)
@@ -414,7 +426,7 @@ class Attempt:
             sandbox,
             journal,
             command,
-            self.prompt.encode(),
+            self.agent_prompt.encode(),
             after_prepare=lambda: failpoint(self.settings, "after-prepare", self.claim.run_id),
         )
         # Its journal was made before (a retry, a predecessor): by a writer that ran?
@@ -587,7 +599,11 @@ class Attempt:
         # backstop as ever: a handover makes the settle a NOT_OWNER refusal.
         self.keeper.stop()
         self.ownership.check()
-        settled = self.ownership.confirm(self.store.settle_run(self.claim, status, error))
+        # The agent's own conversation id, for the session's next run to resume.
+        conversation = safe_session_id(self.replay.agent_session_id)
+        settled = self.ownership.confirm(
+            self.store.settle_run(self.claim, status, error, agent_session_id=conversation)
+        )
         self._log.info("run.finished", status=status.value, settled=settled)
         return settled
 

@@ -122,6 +122,9 @@ class TurnRecorder:
         self.leaf: str | None = None
         self.journal_key: str | None = None
         self.content = TurnContent()
+        self.input_parent: str | None = None
+        """The entry the run's input follows (None: the run opened its session's
+        conversation), known once ``record_input`` ran."""
         self._recorded: Position = (slot.turn_index, _RANK[slot.phase]) if slot else (-1, -1)
         self._turn_open = False
 
@@ -136,6 +139,7 @@ class TurnRecorder:
         stored, parent = self.store.entry_parent(self.session_id, self.input_entry_id)
         if not stored:
             parent = self.store.session_leaf(self.session_id)
+        self.input_parent = parent
         entry = NewEntry(self.input_entry_id, "user", {"prompt": prompt})
         self.leaf = self._append([entry], parent)
         self._slot_write(

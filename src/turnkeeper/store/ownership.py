@@ -26,6 +26,7 @@ from turnkeeper.store.records import (
     check_claim,
     check_id,
     check_limit,
+    check_optional_id,
     check_seconds,
     check_status,
     to_json,
@@ -227,8 +228,16 @@ class OwnershipMixin(StoreBase):
             log.info("run.expired", run_id=run.run_id, status=run.status, error=run.error)
         return runs
 
-    def settle_run(self, claim: Claim, status: RunStatus | str, error: Any = None) -> Verdict:
+    def settle_run(
+        self,
+        claim: Claim,
+        status: RunStatus | str,
+        error: Any = None,
+        *,
+        agent_session_id: str | None = None,
+    ) -> Verdict:
         """Record a terminal status; the first one wins, a stale attempt changes nothing.
+        ``agent_session_id``: the agent's own conversation id, for a follow-up to resume.
 
         Refused: WRONG_STATE when this attempt already settled the run with this
         status (a retry), else NOT_OWNER.
@@ -242,6 +251,7 @@ class OwnershipMixin(StoreBase):
             "attempt_id": claim.attempt_id,
             "status": terminal.value,
             "error": None if error is None else to_json(error, "error"),
+            "agent_session_id": check_optional_id(agent_session_id, "agent_session_id"),
         }
         if self._db.one("settle_run", q.SETTLE_RUN, params, run_id=claim.run_id) is None:
             # A settled run is nobody's, except to the retry of the very settle that

@@ -18,7 +18,7 @@ RUN_COLUMNS = (
     "run_id, seq, session_id, status, payload, attempt_id, epoch, owner, lease_expires_at, "
     "attempt_count, max_attempts, deadline, cancel_requested_at, sandbox_ref, created_at, "
     "started_at, finished_at, updated_at, error, dispatched_at, pruned_at, key_name, "
-    "handed_over_at, sandbox_host"
+    "handed_over_at, sandbox_host, agent_session_id"
 )
 SLOT_COLUMNS = (
     "run_id, attempt_id, turn_index, turn_id, phase, revision, journal_key, tool_request, "
@@ -413,7 +413,8 @@ SELECT $run_columns FROM settled ORDER BY seq
 SETTLE_RUN = _sql("""
 WITH settled AS (
     UPDATE runs SET status = :status, error = CAST(:error AS jsonb),
-        payload = payload $unsealed, finished_at = now(), updated_at = now()
+        payload = payload $unsealed, finished_at = now(), updated_at = now(),
+        agent_session_id = COALESCE(CAST(:agent_session_id AS text), agent_session_id)
     WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
     RETURNING run_id
 ), ended AS (
@@ -629,6 +630,20 @@ WITH RECURSIVE path AS (
     FROM sessions s JOIN transcript_entries e
         ON e.session_id = s.session_id AND e.entry_id = s.leaf_id
     WHERE s.session_id = :session_id
+    UNION ALL
+    SELECT $e_entry_columns, p.depth + 1
+    FROM transcript_entries e JOIN path p
+        ON e.session_id = p.session_id AND e.entry_id = p.parent_id
+)
+SELECT $entry_columns FROM path ORDER BY depth DESC
+""")
+
+# The entries from the root to one entry of the session (what a follow-up from it saw).
+PATH_TO_ENTRY = _sql("""
+WITH RECURSIVE path AS (
+    SELECT $e_entry_columns, 0 AS depth
+    FROM transcript_entries e
+    WHERE e.session_id = :session_id AND e.entry_id = :entry_id
     UNION ALL
     SELECT $e_entry_columns, p.depth + 1
     FROM transcript_entries e JOIN path p

@@ -105,6 +105,8 @@ class Run:
     """Set while the run awaits a worker's adoption of its new attempt (no lease runs)."""
     sandbox_host: str | None = None
     """The host that made the run's sandbox (``hosts.py``); None before it has one."""
+    agent_session_id: str | None = None
+    """The agent's own conversation id its output reported, recorded at the settle."""
 
     @property
     def awaiting_adoption(self) -> bool:

@@ -109,6 +109,9 @@ runs = sa.Table(
     # record's "host", copied by the statement that records it): where a host-local
     # sandbox lives, so its takeover, reap and signals go to that host.
     sa.Column("sandbox_host", sa.Text, nullable=True),
+    # The agent's own conversation id (Claude Code's session id, Codex's thread id), as
+    # its output reported it, recorded when the run settled: what a follow-up resumes.
+    sa.Column("agent_session_id", sa.Text, nullable=True),
     sa.CheckConstraint(_one_of("status", RUN_STATUSES), name="status"),
     sa.CheckConstraint("max_attempts >= 1", name="max_attempts"),
     sa.CheckConstraint(

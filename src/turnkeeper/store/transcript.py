@@ -153,6 +153,15 @@ class TranscriptMixin(StoreBase):
         row = self._db.one("entry_parent", q.STORED_ENTRIES, params)
         return (False, None) if row is None else (True, row["parent_id"])
 
+    def path_to(self, session_id: str, entry_id: str) -> list[TranscriptEntry]:
+        """The entries from the root to ``entry_id`` (empty when it is not stored)."""
+        params = {
+            "session_id": check_id(session_id, "session_id"),
+            "entry_id": check_id(entry_id, "entry_id"),
+        }
+        rows = self._db.rows("path_to", q.PATH_TO_ENTRY, params)
+        return [TranscriptEntry.from_row(r) for r in rows]
+
     def active_path(self, session_id: str) -> list[TranscriptEntry]:
         """The entries from the root to the session's leaf."""
         check_id(session_id, "session_id")

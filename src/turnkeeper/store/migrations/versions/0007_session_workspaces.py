@@ -1,4 +1,5 @@
-"""Session workspaces: the sandbox a session's runs share, and the host that made it.
+"""Sessions: the workspace a session's runs share (and the host that made it), and the
+agent's own conversation id each run reported, which a follow-up resumes.
 
 Revision ID: 0007
 Revises: 0006
@@ -18,6 +19,7 @@ depends_on: str | None = None
 
 
 def upgrade() -> None:
+    op.add_column("runs", sa.Column("agent_session_id", sa.Text, nullable=True))
     op.add_column("sessions", sa.Column("workspace", JSONB, nullable=True))
     op.add_column("sessions", sa.Column("workspace_host", sa.Text, nullable=True))
     op.create_index(
@@ -32,3 +34,4 @@ def downgrade() -> None:
     op.drop_index(op.f("ix_sessions_workspace_host"), table_name="sessions")
     op.drop_column("sessions", "workspace_host")
     op.drop_column("sessions", "workspace")
+    op.drop_column("runs", "agent_session_id")
