@@ -6,6 +6,7 @@ Synchronous and thread-safe, so any framework can call it without an event loop:
     run = client.submit("scripted", "tidy the repo", session_id=user.conversation_id)
     for seq, chunk in client.events(run.run_id):
         ...
+    reply = client.session(user.conversation_id, agent="claude-code").send("go on")
 
 ``submit`` is idempotent by ``run_id``: the same id with the same request returns
 the existing run; a different request under that id is a ``RunConflictError``.
@@ -29,6 +30,7 @@ from uuid6 import uuid7
 from turnkeeper.agents.spec import AgentSpec
 from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
+from turnkeeper.conversation import Session
 from turnkeeper.driver import lifecycle
 from turnkeeper.driver.output import end_log
 from turnkeeper.driver.replay import StoredLog
@@ -36,7 +38,7 @@ from turnkeeper.envelope import EnvSealer
 from turnkeeper.errors import InvalidInputError, RunNotFoundError
 from turnkeeper.log import RunLog
 from turnkeeper.secret import ServerSecret
-from turnkeeper.store.records import Run, RunStatus, TranscriptEntry
+from turnkeeper.store.records import Run, RunStatus, TranscriptEntry, check_id
 from turnkeeper.store.store import Store
 from turnkeeper.tasks import create_app, enqueue_run
 
@@ -144,6 +146,13 @@ class Client:
             enqueue_run(self.app, self.settings, run_id, store=self.store)
             self.store.mark_dispatched(run_id)
         return run
+
+    def session(
+        self, session_id: str, agent: str | Mapping[str, Any] = "scripted", **options: Any
+    ) -> Session:
+        """A conversation: ``session(id).send(prompt)`` submits its next message with
+        ``agent`` and the ``submit`` options given here, and returns the reply to follow."""
+        return Session(self, check_id(session_id, "session_id"), agent, dict(options))
 
     def get(self, run_id: str) -> Run | None:
         return self.store.get_run(run_id)

@@ -638,6 +638,10 @@ WITH RECURSIVE path AS (
 SELECT $entry_columns FROM path ORDER BY depth DESC
 """)
 
+SESSION_ENTRIES = _sql("""
+SELECT $entry_columns FROM transcript_entries WHERE session_id = :session_id ORDER BY position
+""")
+
 # The entries from the root to one entry of the session (what a follow-up from it saw).
 PATH_TO_ENTRY = _sql("""
 WITH RECURSIVE path AS (

@@ -153,6 +153,12 @@ class TranscriptMixin(StoreBase):
         row = self._db.one("entry_parent", q.STORED_ENTRIES, params)
         return (False, None) if row is None else (True, row["parent_id"])
 
+    def session_entries(self, session_id: str) -> list[TranscriptEntry]:
+        """Every entry of the session's tree, in the order they were stored."""
+        params = {"session_id": check_id(session_id, "session_id")}
+        rows = self._db.rows("session_entries", q.SESSION_ENTRIES, params)
+        return [TranscriptEntry.from_row(r) for r in rows]
+
     def path_to(self, session_id: str, entry_id: str) -> list[TranscriptEntry]:
         """The entries from the root to ``entry_id`` (empty when it is not stored)."""
         params = {
