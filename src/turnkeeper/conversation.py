@@ -60,14 +60,17 @@ class Session:
         *,
         run_id: str | None = None,
         agent: str | Mapping[str, Any] | None = None,
+        from_entry: str | None = None,
         **options: Any,
     ) -> Reply:
-        """Submit ``prompt`` as the session's next message; idempotent by ``run_id``."""
+        """Submit ``prompt`` as the session's next message; idempotent by ``run_id``.
+        ``from_entry``: the earlier entry it follows instead of the latest (a branch)."""
         run = self.client.submit(
             agent if agent is not None else self.agent,
             prompt,
             session_id=self.session_id,
             run_id=run_id,
+            from_entry=from_entry,
             **{**self.options, **options},
         )
         return Reply(self.client, run)

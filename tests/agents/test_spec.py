@@ -120,8 +120,9 @@ def test_bad_specs_fail_with_a_clear_error(
 def test_a_follow_up_resumes_the_agents_own_conversation_or_starts_anew() -> None:
     flags = ("--output-format", "stream-json", "--verbose", "--include-partial-messages")
     claude = AgentSpec.from_payload("claude-code")
+    # Each follow-up forks: the run's own id then names the conversation as it left it.
     assert claude.follow_up_command(session_id="s-1") == AgentCommand(
-        ("claude", "-p", "--resume", "s-1", *flags), stdin_prompt=True
+        ("claude", "-p", "--resume", "s-1", *flags, "--fork-session"), stdin_prompt=True
     )
     # No id reported (or one unsafe to pass back): a new conversation, as a first run.
     for unusable in (None, "--dangerously-skip-permissions", "a b", "../x", "", "x" * 201):
@@ -153,3 +154,17 @@ def test_a_follow_up_resumes_the_agents_own_conversation_or_starts_anew() -> Non
 )  # fmt: skip
 def test_safe_session_id(value: object, safe: bool) -> None:
     assert (safe_session_id(value) == value) is safe
+
+
+def test_a_branch_is_refused_where_the_agent_cannot_fork_there() -> None:
+    claude = AgentSpec.from_payload("claude-code")
+    codex = AgentSpec.from_payload("codex")
+    forgetful = AgentSpec.from_payload({"command": ["agent"], "format": "text"})
+    for spec in (AgentSpec.from_payload("scripted"), forgetful):
+        assert spec.branch_refusal(at_run_end=False, at_leaf=False) is None
+    assert claude.branch_refusal(at_run_end=True, at_leaf=False) is None
+    assert "where an earlier run ended" in str(
+        claude.branch_refusal(at_run_end=False, at_leaf=False)
+    )
+    assert "cannot fork" in str(codex.branch_refusal(at_run_end=True, at_leaf=False))
+    assert codex.branch_refusal(at_run_end=True, at_leaf=True) is None, "no branch at all"

@@ -166,7 +166,7 @@ def test_a_worker_killed_in_the_middle_of_turn_2_asks_the_model_nothing_twice(
     while not any(
         chunk["type"] == "TEXT_MESSAGE_CONTENT" for _, chunk in fleet.log_of(second.run_id)
     ):
-        assert fleet.client.require(second.run_id).status is RunStatus.RUNNING
+        assert not fleet.client.require(second.run_id).status.is_terminal
         time.sleep(0.02)
     fleet.signal_worker_of(fleet.client.require(second.run_id), signal.SIGKILL)
     done = fleet.wait_settled(second.run_id, timeout=240)
@@ -194,3 +194,36 @@ def test_a_worker_killed_in_the_middle_of_turn_2_asks_the_model_nothing_twice(
         for r in requests
     ]
     assert [[t for t in texts if t in PROMPTS] for texts in said][-1] == PROMPTS[:2]
+
+
+def test_a_claude_code_branch_from_turn_1_sends_no_turn_2(
+    claude_fleet: Fleet, agent_clis: AgentClis, anthropic_server: ModelServer, tmp_path: Path
+) -> None:
+    env = {
+        k: v for k, v in claude_env(agent_clis, anthropic_server, tmp_path).items() if k != "HOME"
+    }
+    agent = {"preset": "claude-code", "args": CLAUDE_FLAGS[3:]}
+    fleet = claude_fleet
+    runs = _converse(fleet, agent, env)
+    end_of_1 = [e.entry_id for e in fleet.client.transcript("chat") if e.run_id == runs[0]][-1]
+    retry = fleet.client.submit(
+        agent, "say it differently", session_id="chat", env=env, from_entry=end_of_1
+    )
+    done = fleet.wait_settled(retry.run_id, timeout=240)
+    assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
+    requests = anthropic_server.scripted_requests()
+    assert len(requests) == 5
+    last = [
+        t
+        for m in requests[-1].body["messages"]
+        if m["role"] == "user"
+        for t in _texts(m["content"])
+    ]
+    assert [t for t in last if t in [*PROMPTS, "say it differently"]] == [
+        PROMPTS[0],
+        "say it differently",
+    ]
+    assert str(requests[-1].body["messages"]).count("tool_result") == 1, "turn 1's tool call"
+    # Each follow-up forked: every run's own id names its conversation as it ended.
+    ids = [fleet.client.require(r).agent_session_id for r in [*runs, retry.run_id]]
+    assert len(set(ids)) == 4, ids

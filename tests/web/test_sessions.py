@@ -58,6 +58,30 @@ def test_a_conversation_over_http(
         ("m2", "completed"),
     ]
 
+    # A branch from the end of m1: the tree keeps m2's entries, off the active path.
+    end_of_m1 = [i for i in stored if i.startswith("m1/")][-1]
+    unknown_parent = http.post(
+        f"{PATH}/runs", json={"agent": SCRIPTED, "prompt": "p", "parent_entry_id": "nope"}
+    )
+    assert (unknown_parent.status_code, unknown_parent.json()["reason"]) == (400, "unknown-entry")
+    branched = http.post(
+        f"{PATH}/runs",
+        json={"agent": SCRIPTED, "prompt": "retry", "run_id": "m2b", "parent_entry_id": end_of_m1},
+    )
+    assert branched.status_code == 201, branched.text
+    fleet.wait_settled("m2b")
+    tree = http.get(PATH).json()
+    on_path = [i for i in stored if i.startswith("m1/")]
+    on_path += [e["entry_id"] for e in tree["entries"] if e["run_id"] == "m2b"]
+    assert tree["active_path"] == on_path
+    assert {e["entry_id"]: e["active"] for e in tree["entries"]} == {
+        **dict.fromkeys(on_path, True),
+        **{i: False for i in stored if i.startswith("m2/")},
+    }
+    assert next(e for e in tree["entries"] if e["entry_id"] == "m2b/input")["parent_id"] == (
+        end_of_m1
+    )
+
     # Another key: the same 404 as for a session that does not exist, and nothing sent.
     unknown = f"/sessions/{quote('no such session', safe='')}"
     with web.http(api_keys.bob) as bob:
@@ -77,7 +101,7 @@ def test_a_conversation_over_http(
             "error": "no session has the id 'no such session'",
             "session_id": "no such session",
         }
-    assert [r.run_id for r in fleet.client.list_runs(session_id=SESSION)] == ["m2", "m1"]
+    assert [r.run_id for r in fleet.client.list_runs(session_id=SESSION)] == ["m2b", "m2", "m1"]
 
 
 def test_a_conversation_through_the_python_client(fleet: Fleet, tmp_path: Path) -> None:

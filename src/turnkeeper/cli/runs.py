@@ -54,6 +54,10 @@ def submit(
     ] = "text",
     prompt: Annotated[str, typer.Option("--prompt", help="The input of the turn.")] = "",
     session: Annotated[str | None, typer.Option("--session", help="Session id.")] = None,
+    from_entry: Annotated[
+        str | None,
+        typer.Option("--from-entry", help="Branch: the earlier transcript entry to follow."),
+    ] = None,
     run_id: Annotated[str | None, typer.Option("--run-id", help="Idempotency key.")] = None,
     env: Annotated[
         list[str] | None, typer.Option("--env", help="KEY=VALUE for the agent (repeatable).")
@@ -84,6 +88,7 @@ def submit(
             env=_parse_env(env or []),
             provider=provider,
             key_name=on_behalf_of,
+            from_entry=from_entry,
         )
         if not follow:
             print(run.run_id)

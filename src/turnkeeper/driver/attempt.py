@@ -215,6 +215,8 @@ class Attempt:
         self.hand_over = runtime.hand_over
         payload = run.payload if isinstance(run.payload, dict) else {}
         self.prompt = str(payload.get("prompt", ""))
+        branch = payload.get("from_entry")
+        self.from_entry = branch if isinstance(branch, str) else None
         self.spec = AgentSpec.from_payload(payload.get("agent", "scripted"))
         self.env = runtime.agent_env(claim.run_id, payload, self.spec)
         self.replay = Replay(claim.run_id, run.session_id, self.spec.format)
@@ -248,7 +250,7 @@ class Attempt:
             action = classify(self._facts())
             self._log.info("takeover.classified", action=action.value)
         self._emit(self.replay.started())
-        self.recorder.record_input(self.prompt)
+        self.recorder.record_input(self.prompt, from_entry=self.from_entry)
         self.follow_up = FollowUp.of(self.store, self.run, self.recorder.input_parent)
         if self.follow_up is not None and self.spec.recalls_transcript:
             self.agent_prompt = self.follow_up.prompt(self.prompt)

@@ -59,6 +59,11 @@ class SessionRunRequest(BaseModel):
     agent: str | dict[str, Any] = Field(description="A catalog name, or an inline agent spec.")
     prompt: str
     run_id: str | None = None
+    parent_entry_id: str | None = Field(
+        default=None,
+        description="An earlier transcript entry the message follows instead of the latest "
+        "(a branch: a retry, an edited message).",
+    )
     env: dict[str, str] | None = None
     provider: Literal["local", "bwrap", "ssh"] | None = None
     max_attempts: int | None = Field(default=None, ge=1)
@@ -151,7 +156,12 @@ def submit(request: Request, principal: Principal, body: SubmitRequest) -> dict[
     """Admit ``body`` as the principal's run (the catalog, the key's rights and its rate
     decide), enqueue it, and describe it with its stream URL."""
     state = _state(request)
-    for value, what in ((body.run_id, "run_id"), (body.session_id, "session_id")):
+    checked = (
+        (body.run_id, "run_id"),
+        (body.session_id, "session_id"),
+        (body.parent_entry_id, "parent_entry_id"),
+    )
+    for value, what in checked:
         if value is not None:
             check_id(value, what)
     admission = state.catalog.admit(
@@ -173,6 +183,7 @@ def submit(request: Request, principal: Principal, body: SubmitRequest) -> dict[
         max_attempts=admission.max_attempts,
         timeout=admission.timeout,
         key_name=principal.name,
+        from_entry=body.parent_entry_id,
     )
     log.info("web.run.submitted", run_id=run.run_id, key_name=principal.name)
     return _described(request, run)
