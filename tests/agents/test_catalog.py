@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from turnkeeper.agents.catalog import Catalog, at_least_as_strong
+from turnkeeper.agents.catalog import Catalog
 from turnkeeper.config import Settings
 from turnkeeper.errors import ConfigError, InvalidInputError, NotPermittedError, UnknownAgentError
+from turnkeeper.sandbox.factory import at_least_as_strong
 
 AGENTS = """
 [agents.reviewer]
@@ -16,9 +17,14 @@ preset = "claude-code"
 args = ["--model", "sonnet"]
 env_from = ["ANTHROPIC_API_KEY"]
 env = { REVIEW_MODE = "strict" }
+request_env = ["EXTRA"]
 provider = "bwrap"
 timeout = 900
 max_attempts = 3
+
+[agents.keyed]
+preset = "codex"
+env_from = ["OPENAI_API_KEY"]
 
 [agents.lint]
 command = ["ruff", "check", "."]
@@ -34,7 +40,7 @@ def catalog(tmp_path: Path) -> Catalog:
 
 
 def test_names_resolve_to_specs_with_the_catalogs_limits(catalog: Catalog) -> None:
-    assert catalog.names == ["claude-code", "codex", "lint", "reviewer", "scripted"]
+    assert catalog.names == ["claude-code", "codex", "keyed", "lint", "reviewer", "scripted"]
     reviewer = catalog.admit("reviewer", allow_commands=False, env={"EXTRA": "1"})
     assert reviewer.agent == {
         "preset": "claude-code",
@@ -68,6 +74,15 @@ def test_names_resolve_to_specs_with_the_catalogs_limits(catalog: Catalog) -> No
         ("lint", {"max_attempts": 6}, InvalidInputError, "attempts-out-of-range"),
         ("reviewer", {"env": {"REVIEW_MODE": "lax"}}, NotPermittedError, "env-fixed"),
         ("reviewer", {"env": {"ANTHROPIC_API_KEY": "x"}}, NotPermittedError, "env-fixed"),
+        # Beside the operator's key, a request's env could send that key elsewhere.
+        (
+            "reviewer",
+            {"env": {"ANTHROPIC_BASE_URL": "http://x"}},
+            NotPermittedError,
+            "env-not-listed",
+        ),
+        ("keyed", {"env": {"OPENAI_BASE_URL": "http://x"}}, NotPermittedError, "env-not-listed"),
+        ("keyed", {"env": {"PATH": "/tmp"}}, NotPermittedError, "env-not-listed"),
     ],
 )
 def test_what_would_loosen_is_refused(
@@ -111,6 +126,8 @@ def test_provider_strength() -> None:
         ("[agents.x]\npreset = 'scripted'\nmax_attempts = 0", "max_attempts is an integer"),
         ("[agents.x]\npreset = 'scripted'\nenv_from = ['TURNKEEPER_SECRET']", "env_from cannot"),
         ("[agents.x]\npreset = 'scripted'\nenv = { A = 1 }", "env maps names to strings"),
+        ("[agents.x]\npreset = 'scripted'\nrequest_env = 'A'", "request_env is a list"),
+        ("[agents.x]\npreset = 'scripted'\nrequest_env = ['LD_PRELOAD']", "LD_PRELOAD"),
         ("[agents.'a b']\npreset = 'scripted'", "a name is 1 to 64 ASCII letters"),
         ("[agents.'é']\npreset = 'scripted'", "a name is 1 to 64 ASCII letters"),
         ("[tools.x]\npreset = 'scripted'", "only [agents.NAME] tables"),

@@ -20,6 +20,7 @@ from turnkeeper.sandbox import (
     Sandbox,
     SandboxProvider,
     SandboxSpec,
+    list_journals,
     spawn_journaled,
 )
 from turnkeeper.sandbox.command import MAX_ARGUMENT_BYTES
@@ -29,6 +30,7 @@ DIGEST = "import hashlib, sys; d = {read}; print(len(d), hashlib.sha256(d).hexdi
 FROM_FILE = DIGEST.format(read="open(sys.argv[1], 'rb').read()")
 FROM_STDIN = DIGEST.format(read="sys.stdin.buffer.read()")
 FROM_ARGUMENT = DIGEST.format(read="sys.argv[1].encode()")
+ECHO_ENV = DIGEST.format(read="__import__('os').environb[b'BIG']")
 # Command-line shapes of the real CLIs, parsed the way they parse (argparse here): an
 # argument that starts with "-" is an option to them unless it follows "--".
 FAKE_CLAUDE = """#!/usr/bin/python3
@@ -94,6 +96,22 @@ def test_an_argument_prompt_is_exact_up_to_the_kernel_limit_and_refused_beyond(
         spawn_journaled(sandbox, "prompt-run", _python(FROM_ARGUMENT, PROMPT), prompt=b"x" * MIB)
     assert caught.value.reason == "prompt-too-long"
     assert "{prompt_file}" in caught.value.message
+
+
+def test_an_env_value_is_exact_up_to_the_kernel_limit_and_refused_beyond(
+    sandbox: Sandbox,
+) -> None:
+    """One ``NAME=value`` is one string of the agent's exec: the kernel's limit for one
+    argument holds for it too, and past it the run is refused before anything starts,
+    not failed by the agent's shell (``Argument list too long``, exit 126)."""
+    value = "v" * (MAX_ARGUMENT_BYTES - len("BIG="))
+    echo = AgentCommand(("python3", "-c", ECHO_ENV), env={"BIG": value})
+    assert _read(sandbox, echo, b"") == (_digest(value.encode()), 0)
+    too_long = AgentCommand(("python3", "-c", ECHO_ENV), env={"BIG": value + "v"})
+    with pytest.raises(SandboxError) as caught:
+        spawn_journaled(sandbox, "env-run", too_long)
+    assert (caught.value.reason, caught.value.run_id) == ("env-too-long", "env-run")
+    assert list_journals(sandbox, "env-run") == []
 
 
 @pytest.fixture

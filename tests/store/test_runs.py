@@ -16,6 +16,7 @@ from turnkeeper.errors import (
     StoreUnavailableError,
 )
 from turnkeeper.store import Claim, RunStatus, Store, Verdict
+from turnkeeper.store.records import FleetCounts
 
 
 def test_admit_creates_a_queued_run_and_replays_idempotently(store: Store) -> None:
@@ -268,3 +269,23 @@ def test_blink_lease_is_expired_after_the_sleep(store: Store) -> None:
     assert [r.run_id for r in store.expired_runs(10)] == ["r1"]
     assert store.renew_lease(claim, LONG_LEASE) is Verdict.DONE  # not replaced: still the owner
     assert store.expired_runs(10) == []
+
+
+def test_fleet_counts_are_what_a_metrics_scrape_reads(store: Store) -> None:
+    assert store.fleet_counts() == FleetCounts({}, {}, {}, 0, 0)
+    admit(store, "queued-1", "s-queued")
+    done = claimed(store, "done-1", "s-done")
+    assert store.settle_run(done, RunStatus.COMPLETED) is Verdict.DONE
+    stale = claimed(store, "stale-1", "s-stale")
+    expire_lease(store, stale)
+    (handed,) = store.hand_over_expired(10)
+    assert store.adopt_attempt(handed.run_id, handed.attempt_id, "worker-b", LONG_LEASE)
+    live = claimed(store, "live-1", "s-live")
+    expire_lease(store, live)  # expired, not yet handed over
+    assert store.fleet_counts() == FleetCounts(
+        runs_by_status={"queued": 1, "completed": 1, "running": 2},
+        attempts_by_outcome={"completed": 1, "superseded": 1, "running": 2},
+        takeovers_by_cause={"lease": 1},
+        expired_leases=1,
+        max_epoch=2,
+    )

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -11,12 +15,15 @@ import pytest
 
 from tests.web.conftest import ApiKeys, WebServer, stream_tokens
 from turnkeeper.config import Settings
+from turnkeeper.embedded.ports import free_port
+from turnkeeper.embedded.redis import EmbeddedRedis
 from turnkeeper.errors import (
     AuthenticationError,
     InvalidInputError,
     StoreError,
     StoreUnavailableError,
 )
+from turnkeeper.store.store import Store
 from turnkeeper.web import create_app
 from turnkeeper.web.tokens import StreamTokens
 
@@ -109,6 +116,12 @@ def test_forged_expired_and_missing_tokens_are_refused(
         ({"agent": "scripted", "prompt": "p", "run_id": "x" * 256}, "at most 255 characters"),
         ({"agent": "scripted", "prompt": "p", "run_id": "a\nb"}, "run_id contains a control"),
         ({"agent": "scripted", "prompt": "p", "session_id": "a\x00"}, "session_id contains a"),
+        # Ids reach logs, terminals and the dashboard: nothing that breaks a line or
+        # reorders the text around it there (NEL, the line separator, a bidi override).
+        ({"agent": "scripted", "prompt": "p", "run_id": "a\x85b"}, "run_id contains a control"),
+        ({"agent": "scripted", "prompt": "p", "run_id": "a\u2028b"}, "run_id contains a control"),
+        ({"agent": "scripted", "prompt": "p", "run_id": "a\u202eb"}, "run_id contains a control"),
+        ({"agent": "scripted", "prompt": "p", "session_id": "\u2066x"}, "session_id contains a"),
         ({"agent": "scripted", "prompt": "p", "max_attempts": 0}, "max_attempts: Input should"),
         ({"agent": "scripted", "prompt": 5}, "prompt: Input should be a valid string"),
         ({"agent": "scripted", "prompt": "p", "max_attempts": "2"}, "max_attempts: Input should"),
@@ -181,3 +194,66 @@ def test_database_and_driver_text_never_reaches_a_response(settings: Settings) -
         "failed": (500, {"error": "internal error", "reason": "internal-error"}),
         "refused": (400, {"error": "a value was refused by the store", "reason": "invalid-value"}),
     }
+
+
+def test_the_submit_rate_fails_closed_while_redis_is_away(
+    settings: Settings, api_keys: ApiKeys, tmp_path: Path
+) -> None:
+    """The token bucket lives in Redis. With Redis away a submission is refused with 503
+    and admits nothing: failing open would let every key submit without limit exactly
+    while the log that its stream needs is unwritable."""
+    redis_server = EmbeddedRedis(tmp_path / "redis")
+    port = free_port()
+    redis_server.start(port)
+    own = settings.model_copy(update={"redis_url": redis_server.url(port)})
+    server = WebServer.start_app(create_app(own, ping_seconds=0.5))
+    try:
+        with server.http(api_keys.bob) as bob:
+            body = {"agent": "scripted", "prompt": "p"}
+            assert bob.post("/runs", json={**body, "run_id": "before"}).status_code == 201
+            redis_server.stop(port)
+            during = bob.post("/runs", json={**body, "run_id": "during"})
+            stream = bob.get("/runs/before/events")
+            listed = bob.get("/runs")
+    finally:
+        server.stop()
+        redis_server.stop(port)  # a no-op once stopped
+    unavailable = {
+        "error": "a service turnkeeper depends on is unavailable; retry later",
+        "reason": "unavailable",
+    }
+    assert (during.status_code, during.json()) == (503, unavailable)
+    assert (stream.status_code, stream.json()) == (503, unavailable)
+    assert [run["run_id"] for run in listed.json()["runs"]] == ["before"]  # Postgres alone
+    with Store(settings.require_database_url(), pool_size=1) as store:
+        assert [run.run_id for run in store.list_runs(limit=10)] == ["before"]
+
+
+def test_max_running_holds_across_web_processes_under_racing_submits(settings: Settings) -> None:
+    """Forty-eight submissions of one key (max_running 3) at once through two web apps,
+    with a submit rate that lets every one of them reach the admission transaction:
+    exactly three runs are admitted, and the rest get 429 ``max-running``."""
+    open_rate = settings.model_copy(update={"submit_burst": 1000, "submit_rate": 60_000.0})
+    with Store(settings.require_database_url(), pool_size=1) as store:
+        key = store.create_key("racer", max_running=3)
+    servers = [WebServer.start_app(create_app(open_rate, ping_seconds=0.5)) for _ in range(2)]
+    racers = 48
+    start = threading.Barrier(racers)
+
+    def submit(n: int) -> tuple[int, str | None]:
+        with servers[n % 2].http(key) as client:
+            start.wait()
+            body = {"agent": "scripted", "prompt": "p", "run_id": f"race-{n}"}
+            response = client.post("/runs", json=body)
+        return response.status_code, response.json().get("reason")
+
+    try:
+        with ThreadPoolExecutor(racers) as pool:
+            outcomes = Counter(pool.map(submit, range(racers)))
+    finally:
+        for server in servers:
+            server.stop()
+    assert outcomes == Counter({(201, None): 3, (429, "max-running"): racers - 3})
+    with Store(settings.require_database_url(), pool_size=1) as store:
+        runs = store.list_runs(key_name="racer", limit=100)
+    assert sorted(run.status.value for run in runs) == ["queued"] * 3

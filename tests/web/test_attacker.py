@@ -45,6 +45,11 @@ provider = "bwrap"
 timeout = 60
 max_attempts = 2
 env = { MODE = "strict" }
+
+[agents.keyed]
+command = ["sh", "-c", "echo keyed"]
+format = "text"
+env_from = ["LANG"]
 """
 BURST = 4
 STREAM_CAP = 2
@@ -303,7 +308,7 @@ def test_the_catalog_and_the_settings_only_tighten(target: Target, fleet: Fleet)
     with target.http(target.keys.bob) as bob:
         no_leave = refused(target, bob, "POST", "/runs", 403, json={"agent": inline, "prompt": "p"})
         assert no_leave.json()["reason"] == "inline-agent"
-        assert "claude-code, codex, scripted, strict" in no_leave.json()["error"]
+        assert "claude-code, codex, keyed, scripted, strict" in no_leave.json()["error"]
         assert "--allow-commands" in no_leave.json()["error"]
         options = {"preset": "claude-code", "args": ["--settings", "/tmp/hooks.json"]}
         refused(target, bob, "POST", "/runs", 403, json={"agent": options, "prompt": "p"})
@@ -315,6 +320,7 @@ def test_the_catalog_and_the_settings_only_tighten(target: Target, fleet: Fleet)
             ({"agent": "strict", "max_attempts": 3}, 400, "attempts-out-of-range"),
             ({"agent": "scripted", "max_attempts": 100}, 400, "attempts-out-of-range"),
             ({"agent": "strict", "env": {"MODE": "lax"}}, 403, "env-fixed"),
+            ({"agent": "keyed", "env": {"ANTHROPIC_BASE_URL": "http://x"}}, 403, "env-not-listed"),
             ({"agent": "nope"}, 400, "unknown-agent"),
             ({"agent": "scripted", "max_attempts": 0}, 400, "invalid-request"),
             ({"agent": "scripted", "timeout": -1}, 400, "invalid-request"),

@@ -150,3 +150,27 @@ def test_an_admin_key_sees_every_run_and_a_revoked_key_is_sent_back_to_login(
     page.goto("/")  # the next API call is refused with 401: back to the login page
     page.wait_for_url("**/login?next=%2F")
     assert page.evaluate("() => sessionStorage.getItem('turnkeeper.key')") is None
+
+
+def test_the_login_page_only_ever_goes_on_to_a_page_of_this_site(
+    web: WebServer, api_keys: ApiKeys, page: Any
+) -> None:
+    """``?next=`` is the page to return to after signing in; whatever it says, the browser
+    stays on this site (a backslash or a tab makes a browser read ``/\\host`` and
+    ``/<tab>/host`` as ``//host``, another site)."""
+    landed = []
+    page.route("http://evil.example/**", lambda route: route.fulfill(body="evil"))
+    for next_page in (
+        "/ui/runs/r%201?x=1",
+        "/\\evil.example/",
+        "/\t/evil.example/",
+        "/\n/evil.example/",
+        "//evil.example/",
+        "http://evil.example/",
+        "/%5Cevil.example/",
+    ):
+        page.goto(f"/login?next={quote(next_page, safe='')}")
+        _sign_in(page, api_keys.alice)
+        page.wait_for_url(lambda url: "/login" not in url)
+        landed.append(page.url.removeprefix(web.base_url))
+    assert landed == ["/ui/runs/r%201?x=1", "/", "/", "/", "/", "/", "/%5Cevil.example/"]

@@ -8,6 +8,7 @@ Over HTTP, ``agent`` is a name: a preset (``scripted``, ``claude-code``,
     args = ["--model", "sonnet"]      # the preset's options
     env_from = ["ANTHROPIC_API_KEY"]  # worker variables passed through at spawn
     env = { REVIEW_MODE = "strict" }  # fixed values (sealed at rest like any env)
+    request_env = ["REVIEW_TOPIC"]    # the env names a request may set
     provider = "bwrap"                # the weakest sandbox it may run in
     timeout = 900                     # seconds, at most
     max_attempts = 3                  # at most
@@ -15,7 +16,11 @@ Over HTTP, ``agent`` is a name: a preset (``scripted``, ``claude-code``,
 An inline spec (``{"command": [...]}``, or a preset with options) is only for
 keys created with ``--allow-commands``, and never names worker variables. What a
 request adds can only tighten: a shorter timeout, fewer attempts, a sandbox at
-least as strong, env names the catalog does not fix.
+least as strong, env names the catalog does not fix. An agent that is passed
+worker variables takes from a request only the env names its ``request_env``
+lists (none unless it says): a request that could set ``ANTHROPIC_BASE_URL``,
+``PATH`` or ``HOME`` beside the operator's API key could send that key to a host
+of its choosing.
 """
 
 from __future__ import annotations
@@ -37,20 +42,10 @@ from turnkeeper.errors import (
     NotPermittedError,
     UnknownAgentError,
 )
+from turnkeeper.sandbox.factory import PROVIDER_NAMES, at_least_as_strong
 
-PROVIDERS = ("local", "bwrap", "ssh")
 _AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
-_POLICY_FIELDS = ("env", "env_from", "provider", "timeout", "max_attempts")
-
-
-def at_least_as_strong(requested: str, floor: str) -> bool:
-    """Whether sandbox ``requested`` isolates at least as well as ``floor``.
-
-    ``bwrap`` jails the agent on the worker's host, ``local`` does not; ``ssh``
-    moves it to another host, a different promise that is comparable to neither,
-    so it only ever stands for itself.
-    """
-    return requested == floor or (floor == "local" and requested == "bwrap")
+_POLICY_FIELDS = ("env", "env_from", "request_env", "provider", "timeout", "max_attempts")
 
 
 @dataclass(frozen=True)
@@ -63,6 +58,8 @@ class CatalogAgent:
     timeout: float | None = None
     max_attempts: int | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    request_env: frozenset[str] | None = None
+    """The env names a request may set; ``None``: any the catalog does not fix."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +132,16 @@ class Catalog:
                 f"agent {entry.name!r} fixes the env variable(s) {', '.join(overridden)}",
                 reason="env-fixed",
             )
+        if entry.request_env is not None:
+            unlisted = sorted(set(env or {}) - entry.request_env)
+            if unlisted:
+                listed = ", ".join(sorted(entry.request_env)) or "none"
+                raise NotPermittedError(
+                    f"agent {entry.name!r} is passed worker variables, so a request may set "
+                    f"only the env names its catalog entry lists in request_env ({listed}), "
+                    f"not {', '.join(unlisted)}",
+                    reason="env-not-listed",
+                )
         return Admission(
             agent=entry.spec.to_payload(),
             env={**entry.env, **(env or {})},
@@ -197,8 +204,8 @@ def _catalog_agent(where: str, name: str, body: Any) -> CatalogAgent:
     if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
         raise bad("env maps names to strings")
     provider = policy.get("provider")
-    if provider is not None and provider not in PROVIDERS:
-        raise bad(f"provider is one of {', '.join(PROVIDERS)}")
+    if provider is not None and provider not in PROVIDER_NAMES:
+        raise bad(f"provider is one of {', '.join(PROVIDER_NAMES)}")
     timeout = policy.get("timeout")
     if timeout is not None and (
         isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
@@ -209,11 +216,19 @@ def _catalog_agent(where: str, name: str, body: Any) -> CatalogAgent:
         isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 100
     ):
         raise bad("max_attempts is an integer from 1 to 100")
+    request_env = policy.get("request_env")
+    if request_env is not None and (
+        not isinstance(request_env, list) or not all(isinstance(n, str) for n in request_env)
+    ):
+        raise bad("request_env is a list of env names")
     try:
         spec = AgentSpec.from_payload({**values, "env_from": policy.get("env_from", [])})
-        AgentSpec.from_payload({**spec.to_payload(), "env": env})  # the env names are valid
+        names = dict.fromkeys(request_env or [], "")
+        AgentSpec.from_payload({**spec.to_payload(), "env": {**env, **names}})  # valid names
     except AgentError as exc:
         raise bad(exc.message) from exc
+    if request_env is None and spec.env_from:
+        request_env = []  # the operator's secrets go only where the catalog says
     return CatalogAgent(
         name,
         spec,
@@ -221,4 +236,5 @@ def _catalog_agent(where: str, name: str, body: Any) -> CatalogAgent:
         timeout=None if timeout is None else float(timeout),
         max_attempts=attempts,
         env=env,
+        request_env=None if request_env is None else frozenset(request_env),
     )

@@ -176,7 +176,8 @@ def _fail(runtime: WorkerRuntime, claim: Claim, exc: TurnkeeperError) -> None:
 
 @dataclass(frozen=True)
 class Exited:
-    """The journal ended at its sentinel: the agent exited with ``exit_code``."""
+    """The journal ended at its sentinel: the agent exited with ``exit_code``.
+    ``sandbox``: where its stderr and limit counts are read, None when it is gone."""
 
     journal: PlacedJournal
     exit_code: int
@@ -329,7 +330,9 @@ class Attempt:
         self._emit_replayed(stored)
         if stored.exit_code is None or stored.end is None:
             raise RecoveryError("the stored journal lost its sentinel", reason="no-sentinel")
-        return Exited(last, stored.exit_code, stored.end, sandbox=None)
+        # The sandbox, when it is still there, says what the exit cannot: the agent's
+        # stderr and the limits it hit, for the same error a crash-free run records.
+        return Exited(last, stored.exit_code, stored.end, sandbox=self.place.resume())
 
     def _lost_at_takeover(self) -> Ending:
         """The current process's sandbox or journal is gone: keep what was captured."""
@@ -600,6 +603,7 @@ class Attempt:
         # would stop before its final chunk. A lease that runs out meanwhile is the
         # backstop as ever: a handover makes the settle a NOT_OWNER refusal.
         self.keeper.stop()
+        failpoint(self.settings, "settling", self.claim.run_id)
         self.ownership.check()
         # The agent's own conversation id, for the session's next run to resume.
         conversation = safe_session_id(self.replay.agent_session_id)

@@ -22,6 +22,7 @@ from turnkeeper.sandbox.command import AgentCommand, AgentLaunch
 from turnkeeper.sandbox.jail import (
     GROUP_FILE,
     PASSWD_FILE,
+    SECCOMP_FILE,
     Egress,
     identity_files,
     jailed_launch,
@@ -29,6 +30,7 @@ from turnkeeper.sandbox.jail import (
 from turnkeeper.sandbox.journal import LAUNCH_FAILED_EXIT, JournalPaths
 from turnkeeper.sandbox.local import LocalProvider, ProcessSandbox, SandboxState
 from turnkeeper.sandbox.provider import Capabilities, SandboxRef
+from turnkeeper.sandbox.seccomp import no_user_namespaces
 from turnkeeper.sandbox.uids import UidPool
 
 BWRAP = "bwrap"
@@ -71,6 +73,9 @@ class BwrapSandbox(ProcessSandbox):
         attach = ""
         if self.state.cgroup is not None:
             attach = f"{self.state.cgroup.attach_script()} || exit {LAUNCH_FAILED_EXIT}; "
+        seccomp = self.state.uid is not None  # a root worker's jail: no user namespace
+        if seccomp:
+            write_filter(Path(self.ref.root))
         return jailed_launch(
             self.ref.root,
             self.ref.workspace,
@@ -81,8 +86,17 @@ class BwrapSandbox(ProcessSandbox):
             egress=self.egress() if self.egress is not None else None,
             uid=self.state.uid,
             gid=self.jail_gid,
+            tmp_bytes=None if self.rlimits is None else self.rlimits.memory_bytes,
+            seccomp=seccomp,
             prelude=attach,
         )
+
+
+def write_filter(root: Path) -> None:
+    """The sandbox's seccomp filter (``seccomp.py``), where the writer opens it for bwrap."""
+    path = root / SECCOMP_FILE
+    if not path.exists():  # sandboxes made by an older worker have none yet
+        path.write_bytes(no_user_namespaces())
 
 
 class BwrapProvider(LocalProvider):
@@ -111,6 +125,8 @@ class BwrapProvider(LocalProvider):
             raise SandboxError(
                 "a root worker needs a uid range for its agents", reason="no-uid-range"
             )
+        if self.uids is not None:
+            no_user_namespaces()  # refuse here, once, on a machine it has no filter for
         self.egress = egress
 
     def _prepare(self, root: Path, sandbox_id: str) -> None:

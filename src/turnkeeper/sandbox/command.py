@@ -55,17 +55,32 @@ def env_file(env: Mapping[str, str]) -> bytes:
     return "".join(lines).encode()
 
 
-def check_prompt(command: AgentCommand | str, prompt: bytes) -> None:
-    """Refuse, before anything starts, a prompt the kernel could not pass as an argument."""
+def check_command(command: AgentCommand | str, prompt: bytes, run_id: str) -> None:
+    """Refuse, before anything starts, a prompt or an environment variable the kernel
+    could not pass to the agent's exec: each is one string there, at most
+    ``MAX_ARGUMENT_BYTES`` (``NAME=value`` for a variable)."""
+    env = command.env if isinstance(command, AgentCommand) else {}
+    for name, value in env.items():
+        size = len(name.encode()) + 1 + len(value.encode())
+        if size > MAX_ARGUMENT_BYTES:
+            raise SandboxError(
+                f"the environment variable {name} is {size} bytes as NAME=value, more than "
+                f"the {MAX_ARGUMENT_BYTES} one exec can pass: give the agent a file instead",
+                run_id=run_id,
+                reason="env-too-long",
+            )
     if isinstance(command, AgentCommand) and PROMPT in command.argv:
         if len(prompt) > MAX_ARGUMENT_BYTES:
             raise SandboxError(
                 f"a prompt of {len(prompt)} bytes cannot be one argument (at most "
                 f"{MAX_ARGUMENT_BYTES}): give the agent {PROMPT_FILE} or its standard input",
+                run_id=run_id,
                 reason="prompt-too-long",
             )
         if b"\x00" in prompt:
-            raise SandboxError("a prompt argument cannot hold NUL", reason="bad-prompt")
+            raise SandboxError(
+                "a prompt argument cannot hold NUL", run_id=run_id, reason="bad-prompt"
+            )
 
 
 def agent_script(

@@ -32,11 +32,17 @@ from turnkeeper.sandbox.uids import UidPool
 log = structlog.get_logger(__name__)
 
 PROVIDER_NAMES = ("local", "bwrap", "ssh")
-STRENGTH = {"local": 0, "ssh": 1, "bwrap": 2}
 
 
-def at_least_as_strong(requested: str, configured: str) -> bool:
-    return STRENGTH.get(requested, -1) >= STRENGTH.get(configured, len(STRENGTH))
+def at_least_as_strong(requested: str, floor: str) -> bool:
+    """Whether sandbox ``requested`` isolates at least as well as ``floor``.
+
+    ``bwrap`` jails the agent on the worker's host, ``local`` does not; ``ssh``
+    moves it to another host (where a worker redeploy cannot touch it, and where
+    no fleet secret lives), a different promise that is comparable to neither, so
+    it only ever stands for itself.
+    """
+    return requested == floor or (floor == "local" and requested == "bwrap")
 
 
 def limits_of(settings: Settings) -> Limits:

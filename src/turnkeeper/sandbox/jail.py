@@ -5,15 +5,18 @@ What the agent sees: the system directories read-only (``/usr``, ``/bin``, ``/li
 DNS and user lookups need, the operator's extra read-only binds and the preset's own
 (its interpreter, say), a synthesized ``passwd``/``group`` naming the agent's uid, its
 workspace read-write at ``/workspace`` (its HOME and working directory), a private
-``/tmp``, a ``/proc`` of its own pid namespace and a minimal ``/dev``. Nothing else of
-the host: not the data directory, the journals, other sandboxes, ``/run``, ``/root``
-or ``/home``. Every namespace is new, network included: the only way out is the
-egress proxy's socket, bound in, when there is one.
+``/tmp`` no larger than its memory limit, a ``/proc`` of its own pid namespace and a
+minimal, read-only ``/dev``. The jail's own root (a tmpfs of bwrap's, holding ``/etc``
+and ``/run``) is read-only too. Nothing else of the host: not the data directory, the
+journals, other sandboxes, ``/run``, ``/root`` or ``/home``. Every namespace is new,
+network included: the only way out is the egress proxy's socket, bound in, when there
+is one.
 
 Run by root, bwrap builds the jail with root's rights (so it can bind any source) and
 creates no user namespace; the agent then becomes the sandbox's own unprivileged uid
 through ``setpriv`` before anything of it runs, with no capability left and
-``no_new_privs`` set. Run by another user, bwrap makes a user namespace, drops every
+``no_new_privs`` set, under a seccomp filter that refuses it a user namespace of its
+own (``seccomp.py``). Run by another user, bwrap makes a user namespace, drops every
 capability and forbids nested user namespaces; the agent keeps that user's uid.
 
 ``jail_argv`` touches nothing (bind sources that may be missing use ``-try``), so the
@@ -36,6 +39,10 @@ PROMPT_PATH = "/run/turnkeeper/prompt"
 """Where the prompt is, inside the jail; only the agent's processes can read it."""
 PROMPT_FD = 8
 """The writer hands bwrap the prompt file on this descriptor; bwrap copies it in."""
+SECCOMP_FD = 7
+"""The writer hands bwrap the seccomp filter (``seccomp.py``) on this descriptor."""
+SECCOMP_FILE = "seccomp.bpf"
+"""A root worker's filter, written in each sandbox's root (``BwrapSandbox.launch``)."""
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
 ETC_ENTRIES = (
     "ssl", "pki", "ca-certificates", "ca-certificates.conf", "crypto-policies",
@@ -70,6 +77,10 @@ class Jail:
     """Its group with ``uid``: the jails' shared group, which alone may reach the proxy."""
     read_only: tuple[str, ...] = ()
     egress: Egress | None = None
+    tmp_bytes: int | None = None
+    """The size of the jail's ``/tmp``: its memory limit, which no rlimit counts there."""
+    seccomp: bool = False
+    """Load the filter on ``SECCOMP_FD``: no user namespaces where bwrap cannot forbid them."""
 
 
 def jail_argv(jail: Jail, environment: Mapping[str, str], script: str) -> list[str]:
@@ -95,9 +106,10 @@ def jail_argv(jail: Jail, environment: Mapping[str, str], script: str) -> list[s
         argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     argv += ["--ro-bind", jail.passwd_file, "/etc/passwd"]
     argv += ["--ro-bind", jail.group_file, "/etc/group"]
+    tmp_size = [] if jail.tmp_bytes is None else ["--size", str(jail.tmp_bytes)]
     argv += [
-        "--proc", "/proc", "--dev", "/dev",
-        "--perms", "1777", "--tmpfs", "/tmp",  # noqa: S108 - the jail's own, for any uid
+        "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+        "--perms", "1777", *tmp_size, "--tmpfs", "/tmp",  # noqa: S108 - the jail's own
         "--bind", jail.workspace, WORKSPACE,
         "--perms", "0444", "--ro-bind-data", str(PROMPT_FD), PROMPT_PATH,
     ]  # fmt: skip
@@ -116,6 +128,11 @@ def jail_argv(jail: Jail, environment: Mapping[str, str], script: str) -> list[s
         argv += jail.egress.bind
         env.update(jail.egress.environment)
         launcher = jail.egress.launcher
+    # Last of the mounts: bwrap's own root tmpfs, with every directory made on it, is
+    # read-only (a user namespace's agent owns them, and no limit counts what they hold).
+    argv += ["--remount-ro", "/"]
+    if jail.seccomp:
+        argv += ["--seccomp", str(SECCOMP_FD)]
     argv.append("--clearenv")
     for key, value in env.items():
         argv += ["--setenv", key, value]
@@ -183,12 +200,15 @@ def jailed_launch(
     egress: Egress | None,
     uid: int | None = None,
     gid: int | None = None,
+    tmp_bytes: int | None = None,
+    seccomp: bool = False,
     prelude: str = "",
 ) -> AgentLaunch:
     """The shell code that starts ``command`` in a jail over ``workspace``: the
     sandbox's identity files from ``root``, the operator's read-only binds and the
-    command's own, the prompt on ``PROMPT_FD``. ``prelude`` runs first, outside the
-    jail (a cgroup attach)."""
+    command's own, the prompt on ``PROMPT_FD`` (and with ``seccomp`` the filter in
+    ``root`` on ``SECCOMP_FD``). ``prelude`` runs first, outside the jail (a cgroup
+    attach)."""
     preset = command.read_only if isinstance(command, AgentCommand) else ()
     jail = Jail(
         workspace=workspace,
@@ -198,7 +218,12 @@ def jailed_launch(
         gid=gid,
         read_only=read_only_binds([*ro_binds, *preset]),
         egress=egress,
+        tmp_bytes=tmp_bytes,
+        seccomp=seccomp,
     )
     script = agent_script(command, PROMPT_PATH, rlimits)
     argv = shlex.join(jail_argv(jail, base_environment(WORKSPACE), script))
-    return AgentLaunch(f"( {prelude}exec {argv} ) {PROMPT_FD}<{shlex.quote(paths.prompt_file)}")
+    files = f"{PROMPT_FD}<{shlex.quote(paths.prompt_file)}"
+    if seccomp:
+        files += f" {SECCOMP_FD}<{shlex.quote(f'{root}/{SECCOMP_FILE}')}"
+    return AgentLaunch(f"( {prelude}exec {argv} ) {files}")

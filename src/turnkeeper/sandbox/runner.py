@@ -18,7 +18,7 @@ import structlog
 
 from turnkeeper.errors import JournalError, JournalExistsError, SandboxError
 from turnkeeper.sandbox.codec import encode_run_id, parse_journal_name
-from turnkeeper.sandbox.command import AgentCommand, check_prompt, env_file
+from turnkeeper.sandbox.command import AgentCommand, check_command, env_file
 from turnkeeper.sandbox.journal import (
     JOURNAL_EXISTS_EXIT,
     LIVENESS_NOT_STARTED,
@@ -127,7 +127,7 @@ def spawn_journaled(
     writer never started (``never_started``).
     """
     ref = sandbox.ref
-    check_prompt(command, prompt)
+    check_command(command, prompt, run_id)
     env = command.env if isinstance(command, AgentCommand) else {}
     if process is None:
         latest = latest_journal(sandbox, run_id)

@@ -307,6 +307,7 @@ class SshSandbox:
             ro_binds=self._jail.ro_binds,
             rlimits=rlimits,
             egress=self._prepare_jail(self._jail),
+            tmp_bytes=None if limits is None else limits.memory_bytes,
         )
 
     def _prepare_jail(self, jail: RemoteJail) -> Egress | None:

@@ -9,6 +9,7 @@ from typing import Any
 from turnkeeper.store import queries as q
 from turnkeeper.store.database import StoreBase
 from turnkeeper.store.records import (
+    FleetCounts,
     Run,
     RunStatus,
     check_id,
@@ -28,6 +29,13 @@ class MaintenanceMixin(StoreBase):
         row = self._db.one("database_now", q.NOW, {})
         assert row is not None  # noqa: S101 - SELECT now() always returns a row
         return row["now"]  # type: ignore[no-any-return]
+
+    def fleet_counts(self) -> FleetCounts:
+        """Runs by status, attempts by outcome, takeovers by cause, expired leases and
+        the highest unsettled epoch: what a metrics scrape reads."""
+        row = self._db.one("fleet_counts", q.FLEET_COUNTS, {})
+        assert row is not None  # noqa: S101 - a SELECT of aggregates always returns a row
+        return FleetCounts.from_row(row)
 
     def get_run(self, run_id: str) -> Run | None:
         check_id(run_id, "run_id")

@@ -246,8 +246,6 @@ $hand_over_to_new_attempt
 
 # --- owner locks (docs/architecture.md, "Crash detection") --------------------------------
 
-# The owner lock of a run: see OWNER_LOCK_SPACE.
-
 # The owner locks of the runs a worker process drives that it still owns, taken on its
 # lock session; the ones taken come back. CASE keeps a lock from being tried for a run
 # that moved on.
@@ -995,6 +993,25 @@ RETURNING r.run_id, r.attempt_id, r.epoch
 """)
 
 NOW = text("SELECT now()")
+
+# What /metrics reads of the store on each scrape: a few indexed aggregates, as JSON
+# objects keyed by status, outcome (``running`` for open attempts) and handover cause
+# (``lease`` for a superseded attempt that predates causes).
+FLEET_COUNTS = text("""
+SELECT
+    (SELECT COALESCE(jsonb_object_agg(status, n), '{}') FROM
+        (SELECT status, count(*) AS n FROM runs GROUP BY status) s) AS runs_by_status,
+    (SELECT COALESCE(jsonb_object_agg(outcome, n), '{}') FROM
+        (SELECT COALESCE(outcome, 'running') AS outcome, count(*) AS n FROM attempts
+         GROUP BY 1) o) AS attempts_by_outcome,
+    (SELECT COALESCE(jsonb_object_agg(cause, n), '{}') FROM
+        (SELECT COALESCE(handover_cause, 'lease') AS cause, count(*) AS n FROM attempts
+         WHERE outcome = 'superseded' GROUP BY 1) c) AS takeovers_by_cause,
+    (SELECT count(*) FROM runs WHERE status = 'running' AND lease_expires_at < now())
+        AS expired_leases,
+    (SELECT COALESCE(max(epoch), 0) FROM runs WHERE status IN ('queued', 'running'))
+        AS max_epoch
+""")
 
 
 _BIND = re.compile(r"(?<![:\w]):(\w+)")

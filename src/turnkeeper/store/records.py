@@ -18,7 +18,10 @@ from typing import Any
 from turnkeeper.errors import InvalidInputError
 
 MAX_ID_LENGTH = 255
-_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")
+# C0 and C1 controls, the line and paragraph separators, and the bidi embeddings,
+# overrides and isolates: ids are printed in logs, terminals and the dashboard, where
+# these break a line or reorder the text around them.
+_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 class RunStatus(StrEnum):
@@ -238,6 +241,24 @@ class TranscriptEntry:
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> TranscriptEntry:
+        return cls(**dict(row))
+
+
+@dataclass(frozen=True, slots=True)
+class FleetCounts:
+    """The store's side of the fleet's metrics, read in one statement."""
+
+    runs_by_status: dict[str, int]
+    attempts_by_outcome: dict[str, int]
+    """``running`` for open attempts."""
+    takeovers_by_cause: dict[str, int]
+    expired_leases: int
+    """Running runs whose lease expired (the database clock), awaiting a takeover."""
+    max_epoch: int
+    """The highest epoch of a queued or running run."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> FleetCounts:
         return cls(**dict(row))
 
 

@@ -127,7 +127,7 @@ class WebState:
             client=client,
             run_log=run_log,
             tokens=StreamTokens(secret.subkey(STREAM_TOKENS), settings.stream_token_ttl),
-            metrics=WebMetrics(settings.require_database_url(), RunLog.from_settings(settings)),
+            metrics=WebMetrics(client.store, RunLog.from_settings(settings)),
             catalog=catalog,
             submit_rate=SubmitRate(
                 client.log.client,

@@ -29,17 +29,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-import sqlalchemy as sa
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from turnkeeper.config import sqlalchemy_postgres_url
 from turnkeeper.driver.output import LEASE_RENEWALS, REFUSED_APPENDS
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.log import RunLog
-from turnkeeper.store import schema
+from turnkeeper.store import Store
 from turnkeeper.store.records import RunStatus
 from turnkeeper.store.schema import HANDOVER_CAUSES
 
@@ -49,54 +47,18 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 
 
 class StoreCollector(Collector):
-    """Reads the fleet's state from the store on each scrape (a few indexed aggregates)."""
+    """Reads the fleet's state from the store on each scrape (one statement)."""
 
-    def __init__(self, database_url: str) -> None:
-        self._engine = sa.create_engine(
-            sqlalchemy_postgres_url(database_url),
-            pool_size=1,
-            max_overflow=1,
-            isolation_level="AUTOCOMMIT",
-            connect_args={"connect_timeout": 5},
-        )
-
-    def close(self) -> None:
-        self._engine.dispose()
+    def __init__(self, store: Store) -> None:
+        self._store = store
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        runs, attempts = schema.runs, schema.attempts
-        unsettled = runs.c.status.in_([RunStatus.QUEUED.value, RunStatus.RUNNING.value])
         try:
-            with self._engine.connect() as conn:
-                by_status: dict[str, int] = dict(
-                    conn.execute(
-                        sa.select(runs.c.status, sa.func.count()).group_by(runs.c.status)
-                    ).all()
-                )
-                outcome = sa.func.coalesce(attempts.c.outcome, "running")
-                by_outcome: dict[str, int] = dict(
-                    conn.execute(sa.select(outcome, sa.func.count()).group_by(outcome)).all()
-                )
-                superseded = attempts.c.outcome == "superseded"
-                by_cause: dict[str | None, int] = dict(
-                    conn.execute(
-                        sa.select(attempts.c.handover_cause, sa.func.count())
-                        .where(superseded)
-                        .group_by(attempts.c.handover_cause)
-                    ).all()
-                )
-                expired = conn.execute(
-                    sa.select(sa.func.count()).where(
-                        runs.c.status == RunStatus.RUNNING.value,
-                        runs.c.lease_expires_at < sa.func.now(),
-                    )
-                ).scalar_one()
-                max_epoch = conn.execute(
-                    sa.select(sa.func.coalesce(sa.func.max(runs.c.epoch), 0)).where(unsettled)
-                ).scalar_one()
-        except sa.exc.SQLAlchemyError as exc:
-            log.warning("metrics.store.unavailable", error=str(exc).splitlines()[0])
+            counts = self._store.fleet_counts()
+        except TurnkeeperError as exc:
+            log.warning("metrics.store.unavailable", error=exc.message)
             return
+        by_status, by_outcome = counts.runs_by_status, counts.attempts_by_outcome
         gauge = GaugeMetricFamily("turnkeeper_runs", "Runs per status.", labels=["status"])
         for status in RunStatus:
             gauge.add_metric([status.value], by_status.get(status.value, 0))
@@ -113,17 +75,17 @@ class StoreCollector(Collector):
             labels=["cause"],
         )
         for cause in HANDOVER_CAUSES:
-            # A superseded attempt without a cause predates causes: the lease's.
-            count = by_cause.get(cause, 0) + (by_cause.get(None, 0) if cause == "lease" else 0)
-            takeovers.add_metric([cause], count)
+            takeovers.add_metric([cause], counts.takeovers_by_cause.get(cause, 0))
         yield takeovers
         yield GaugeMetricFamily(
             "turnkeeper_expired_leases",
             "Running runs whose lease expired (database clock), awaiting takeover.",
-            value=expired,
+            value=counts.expired_leases,
         )
         yield GaugeMetricFamily(
-            "turnkeeper_max_epoch", "Highest epoch of a queued or running run.", value=max_epoch
+            "turnkeeper_max_epoch",
+            "Highest epoch of a queued or running run.",
+            value=counts.max_epoch,
         )
 
 
@@ -157,9 +119,9 @@ class FleetCollector(Collector):
 class WebMetrics:
     """The registry of one web app: the store collector plus this process's own series."""
 
-    def __init__(self, database_url: str, run_log: RunLog) -> None:
+    def __init__(self, store: Store, run_log: RunLog) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.store = StoreCollector(database_url)
+        self.store = StoreCollector(store)
         self.registry.register(self.store)
         self.fleet = FleetCollector(run_log)
         self.registry.register(self.fleet)
@@ -189,5 +151,4 @@ class WebMetrics:
         )
 
     def close(self) -> None:
-        self.store.close()
         self.fleet.close()

@@ -422,7 +422,7 @@ def _add_service_routes(api: APIRouter) -> None:
     @api.get("/fleet/hosts", tags=["service"])
     def fleet_hosts(request: Request, principal: Caller) -> dict[str, Any]:
         """The fleet's hosts, their worker processes and the sandboxes they hold (an
-        admin key's; the dashboard's fleet page reads it)."""
+        admin key's), what `turnkeeper hosts --json` lists, under ``hosts``."""
         principal.require_admin("/fleet/hosts")
         state = _state(request)
         return {"hosts": fleet_view(state.client.store, state.settings)}

@@ -9,6 +9,8 @@ too short to hit with a timer. The points:
   (``runner.spawn_journaled``);
 - ``after-sentinel``: the sentinel read, not stored yet;
 - ``sentinel-stored``: the sentinel stored, the turn not committed yet;
+- ``settling``: the owner's heartbeat stopped, its settle not written yet
+  (``Attempt._settle``): its lease runs out from here if it stays;
 - ``settled``: the run settled, its final chunk not appended yet;
 - ``crash-handed``: the crash watcher handed a run over, its takeover message not
   sent yet (``watcher.CrashWatcher.sweep``).
@@ -24,7 +26,10 @@ an optional mode after ``=``:
 - ``lost`` (``after-prepare=lost``): the step that follows is skipped, as when it
   never reached the sandbox; at ``after-prepare`` that is the writer's start, so
   the journal exists and no writer ever runs in it. Only the points whose caller
-  acts on the answer (``after-prepare``) can lose a step.
+  acts on the answer (``after-prepare``) can lose a step;
+- ``pause`` (``settling=pause``): the worker writes the marker and waits until the
+  test lets it go (``release``), then goes on: an owner that is slow there, or
+  frozen there (SIGSTOP) and woken later, rather than dead.
 
 Each failpoint fires once per data directory (the marker file says it fired): the
 retry, or the successor, passes the same point. Unset (the default), a failpoint
@@ -44,7 +49,8 @@ from turnkeeper.errors import SandboxUnreachableError
 
 log = structlog.get_logger(__name__)
 
-MODES = ("", "unreachable", "lost")
+MODES = ("", "unreachable", "lost", "pause")
+_PAUSE_POLL = 0.05
 
 
 def failpoint(settings: Settings, name: str, run_id: str) -> bool:
@@ -62,12 +68,29 @@ def failpoint(settings: Settings, name: str, run_id: str) -> bool:
         )
     if mode == "lost":
         return True
+    if mode == "pause":
+        go = _released(settings, name)
+        while not go.exists():
+            time.sleep(_PAUSE_POLL)
+        log.warning("failpoint.resumed", name=name, run_id=run_id, pid=os.getpid())
+        return False
     while True:  # until the test kills this process
         time.sleep(3600)
 
 
 def marker(settings: Settings, name: str) -> Path:
     return settings.data_dir / "failpoints" / name
+
+
+def release(settings: Settings, name: str) -> None:
+    """Let a worker paused at ``name`` (mode ``pause``) go on."""
+    path = _released(settings, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+
+
+def _released(settings: Settings, name: str) -> Path:
+    return settings.data_dir / "failpoints" / f"{name}.released"
 
 
 def _mode(failpoints: str, name: str) -> str | None:

@@ -6,8 +6,16 @@ const problem = document.getElementById("login-error");
 
 function nextPage() {
   const next = new URLSearchParams(location.search).get("next") || "/";
-  // Only a path of this site: never an open redirect.
-  return next.startsWith("/") && !next.startsWith("//") ? next : "/";
+  // Only a page of this site, never an open redirect. The browser's own URL parser
+  // decides: it reads "/\\host" and "/<tab>/host" as "//host", another site.
+  let target;
+  try {
+    target = new URL(next, location.origin);
+  } catch {
+    return "/";
+  }
+  if (target.origin !== location.origin) return "/";
+  return target.pathname + target.search + target.hash;
 }
 
 form.addEventListener("submit", async (event) => {
