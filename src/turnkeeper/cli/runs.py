@@ -32,7 +32,7 @@ def client_from_env() -> Iterator[Client]:
             client.close()
 
 
-def _parse_env(pairs: list[str]) -> dict[str, str]:
+def parse_env(pairs: list[str]) -> dict[str, str]:
     env = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -85,7 +85,7 @@ def submit(
             prompt,
             session_id=session,
             run_id=run_id,
-            env=_parse_env(env or []),
+            env=parse_env(env or []),
             provider=provider,
             key_name=on_behalf_of,
             from_entry=from_entry,
