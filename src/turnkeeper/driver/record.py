@@ -207,7 +207,7 @@ class TurnRecorder:
     def commit_turn(self) -> None:
         entries = self.content.entries(self.claim.run_id, self.turn_index)
         if entries:
-            self.leaf = self._append(entries, self.leaf)
+            self.leaf = self._append(entries, self.leaf, under=self.leaf)
         leaf = self.leaf
         if leaf is not None:
             self._slot_write(
@@ -231,14 +231,10 @@ class TurnRecorder:
     def _turn_id(self, index: int) -> str:
         return f"{self.claim.run_id}/turn-{index}"
 
-    def _append(
-        self, entries: list[NewEntry], parent: str | None, *, under: str | None = None
-    ) -> str:
-        """Append under ``under`` (default: ``parent``), moving the leaf from ``parent``."""
+    def _append(self, entries: list[NewEntry], leaf: str | None, *, under: str | None) -> str:
+        """Append under ``under``, moving the session's leaf from ``leaf``."""
         self.ownership.check()
-        leaf = self.store.append_transcript(
-            self.claim, self.session_id, entries, parent, under=parent if under is None else under
-        )
+        leaf = self.store.append_transcript(self.claim, self.session_id, entries, leaf, under=under)
         if leaf is None:
             self.ownership.lose("store-fenced")
         return leaf
