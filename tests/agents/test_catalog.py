@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from turnkeeper.agents.catalog import Catalog
+from turnkeeper.agents.catalog import Catalog, at_least_as_strong
 from turnkeeper.config import Settings
 from turnkeeper.errors import ConfigError, InvalidInputError, NotPermittedError, UnknownAgentError
-from turnkeeper.sandbox.factory import at_least_as_strong
 
 AGENTS = """
 [agents.reviewer]

@@ -59,11 +59,9 @@ def test_providers_are_ranked_by_what_they_isolate() -> None:
         for configured in ranked
         if at_least_as_strong(asked, configured)
     }
-    # ssh moves the agent to another host: a promise of its own, never a step up
-    # or down from the worker's own jail.
     assert allowed == {
-        ("local", "local"), ("bwrap", "local"),
-        ("ssh", "ssh"),
+        ("local", "local"), ("ssh", "local"), ("bwrap", "local"),
+        ("ssh", "ssh"), ("bwrap", "ssh"),
         ("bwrap", "bwrap"),
     }  # fmt: skip
     assert not at_least_as_strong("docker", "local")  # unknown: never stronger

@@ -29,6 +29,7 @@ done''']
 format = "text"
 env = {{ FIXED = "{CATALOG_VALUE}" }}
 env_from = ["TK_TEST_WORKER_KEY"]
+request_env = ["MODEL_API_KEY"]
 
 [agents.unset]
 command = ["true"]

@@ -42,10 +42,22 @@ from turnkeeper.errors import (
     NotPermittedError,
     UnknownAgentError,
 )
-from turnkeeper.sandbox.factory import PROVIDER_NAMES, at_least_as_strong
 
+PROVIDERS = ("local", "bwrap", "ssh")
 _AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _POLICY_FIELDS = ("env", "env_from", "request_env", "provider", "timeout", "max_attempts")
+
+
+def at_least_as_strong(requested: str, floor: str) -> bool:
+    """Whether sandbox ``requested`` isolates at least as well as ``floor``.
+
+    ``bwrap`` jails the agent on the worker's host, ``local`` does not; ``ssh``
+    moves it to another host, a different promise that is comparable to neither,
+    so it only ever stands for itself. Stricter than the worker's own rule
+    (:func:`turnkeeper.sandbox.factory.at_least_as_strong`), which trusted callers
+    meet: a tenant cannot move its agent off the sandbox host the operator chose.
+    """
+    return requested == floor or (floor == "local" and requested == "bwrap")
 
 
 @dataclass(frozen=True)
@@ -204,8 +216,8 @@ def _catalog_agent(where: str, name: str, body: Any) -> CatalogAgent:
     if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
         raise bad("env maps names to strings")
     provider = policy.get("provider")
-    if provider is not None and provider not in PROVIDER_NAMES:
-        raise bad(f"provider is one of {', '.join(PROVIDER_NAMES)}")
+    if provider is not None and provider not in PROVIDERS:
+        raise bad(f"provider is one of {', '.join(PROVIDERS)}")
     timeout = policy.get("timeout")
     if timeout is not None and (
         isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0

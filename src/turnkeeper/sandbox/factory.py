@@ -32,17 +32,18 @@ from turnkeeper.sandbox.uids import UidPool
 log = structlog.get_logger(__name__)
 
 PROVIDER_NAMES = ("local", "bwrap", "ssh")
+STRENGTH = {"local": 0, "ssh": 1, "bwrap": 2}
 
 
-def at_least_as_strong(requested: str, floor: str) -> bool:
-    """Whether sandbox ``requested`` isolates at least as well as ``floor``.
-
-    ``bwrap`` jails the agent on the worker's host, ``local`` does not; ``ssh``
-    moves it to another host (where a worker redeploy cannot touch it, and where
-    no fleet secret lives), a different promise that is comparable to neither, so
-    it only ever stands for itself.
-    """
-    return requested == floor or (floor == "local" and requested == "bwrap")
+def at_least_as_strong(requested: str, configured: str) -> bool:
+    """Whether a worker configured with ``configured`` may run a run that names
+    ``requested``: never a weaker jail (``local`` < ``ssh`` < ``bwrap``). This is the
+    worker's rule, for what trusted callers (the CLI, the Python client) submit, so a
+    fleet may mix agents on a sandbox host with agents jailed on the workers. HTTP
+    requests meet the catalog's stricter rule first
+    (:func:`turnkeeper.agents.catalog.at_least_as_strong`), where ``ssh`` stands only
+    for itself: a tenant cannot move its agent off the sandbox host."""
+    return STRENGTH.get(requested, -1) >= STRENGTH.get(configured, len(STRENGTH))
 
 
 def limits_of(settings: Settings) -> Limits:
