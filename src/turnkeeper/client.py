@@ -6,6 +6,7 @@ Synchronous and thread-safe, so any framework can call it without an event loop:
     run = client.submit("scripted", "tidy the repo", session_id=user.conversation_id)
     for seq, chunk in client.events(run.run_id):
         ...
+    reply = client.session(user.conversation_id, agent="claude-code").send("go on")
 
 ``submit`` is idempotent by ``run_id``: the same id with the same request returns
 the existing run; a different request under that id is a ``RunConflictError``.
@@ -29,14 +30,15 @@ from uuid6 import uuid7
 from turnkeeper.agents.spec import AgentSpec
 from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
+from turnkeeper.conversation import Session
 from turnkeeper.driver import lifecycle
 from turnkeeper.driver.output import end_log
 from turnkeeper.driver.replay import StoredLog
 from turnkeeper.envelope import EnvSealer
-from turnkeeper.errors import InvalidInputError, RunNotFoundError
+from turnkeeper.errors import AgentError, InvalidInputError, RunConflictError, RunNotFoundError
 from turnkeeper.log import RunLog
 from turnkeeper.secret import ServerSecret
-from turnkeeper.store.records import Run, RunStatus, TranscriptEntry
+from turnkeeper.store.records import Run, RunStatus, TranscriptEntry, check_id
 from turnkeeper.store.store import Store
 from turnkeeper.tasks import create_app, enqueue_run
 
@@ -105,6 +107,7 @@ class Client:
         max_attempts: int | None = None,
         timeout: float | None = None,
         key_name: str | None = None,
+        from_entry: str | None = None,
     ) -> Run:
         """Admit a run and enqueue it; idempotent by ``run_id``.
 
@@ -112,7 +115,9 @@ class Client:
         agent spec (``{"command": [...], "format": ..., "env": {...}}``). ``env``
         adds variables to the agent's minimal environment: nothing else of this
         process's environment reaches it. ``key_name`` submits on behalf of that
-        API key.
+        API key. ``from_entry``: an earlier entry of the session's transcript the
+        run's input follows (a branch: a retry, an edited message), refused with
+        ``cannot-fork`` where the agent cannot continue its conversation from there.
         """
         spec = AgentSpec.from_payload(agent if isinstance(agent, str) else dict(agent))
         merged_env = {**spec.env, **dict(env or {})}
@@ -130,6 +135,9 @@ class Client:
         # Env values are stored sealed, apart from the spec, never in plaintext.
         unsealed = spec.model_copy(update={"env": {}}).to_payload()
         payload: dict[str, Any] = {"agent": unsealed, "prompt": prompt, "provider": provider}
+        if from_entry is not None:
+            self._check_branch(spec, session_id or run_id, from_entry, key_name)
+            payload["from_entry"] = from_entry
         if merged_env:
             payload["env"] = self.sealer.seal(run_id, merged_env)
         run, created = self.store.admit_run(
@@ -141,9 +149,47 @@ class Client:
             key_name=key_name,
         )
         if created or run.status is RunStatus.QUEUED:
-            enqueue_run(self.app, self.settings, run_id)
+            enqueue_run(self.app, self.settings, run_id, store=self.store)
             self.store.mark_dispatched(run_id)
         return run
+
+    def _check_branch(
+        self, spec: AgentSpec, session_id: str, from_entry: str, key_name: str | None
+    ) -> None:
+        """Refuse a branch from an entry the session does not hold, or from which the
+        agent cannot continue its own conversation (``AgentSpec.branch_refusal``)."""
+        check_id(from_entry, "from_entry")
+        exists, tenant = self.store.session_tenant(check_id(session_id, "session_id"))
+        if exists and tenant != key_name:  # as admission refuses it, learning nothing
+            raise RunConflictError(
+                f"session {session_id!r} is taken; choose another session id",
+                reason="session-taken",
+            )
+        entries = self.store.session_entries(session_id)
+        entry = next((e for e in entries if e.entry_id == from_entry), None)
+        if entry is None:
+            raise InvalidInputError(
+                f"session {session_id!r} has no entry {from_entry!r}", reason="unknown-entry"
+            )
+        runs = self.list_runs(session_id=session_id, limit=1000)
+        settled = all(run.status.is_terminal for run in runs)
+        writer = next((run for run in runs if run.run_id == entry.run_id), None)
+        ends_its_run = (
+            writer is not None
+            and writer.status.is_terminal
+            and not any(e.parent_id == from_entry and e.run_id == entry.run_id for e in entries)
+        )
+        at_leaf = settled and self.store.session_leaf(session_id) == from_entry
+        refusal = spec.branch_refusal(at_run_end=ends_its_run, at_leaf=at_leaf)
+        if refusal is not None:
+            raise AgentError(refusal, reason="cannot-fork")
+
+    def session(
+        self, session_id: str, agent: str | Mapping[str, Any] = "scripted", **options: Any
+    ) -> Session:
+        """A conversation: ``session(id).send(prompt)`` submits its next message with
+        ``agent`` and the ``submit`` options given here, and returns the reply to follow."""
+        return Session(self, check_id(session_id, "session_id"), agent, dict(options))
 
     def get(self, run_id: str) -> Run | None:
         return self.store.get_run(run_id)

@@ -271,6 +271,12 @@ class Settings(BaseSettings):
     journal_stall_timeout: float = Field(default=10.0, gt=0)
     journal_poll_interval: float = Field(default=0.25, gt=0)
     orphan_ttl: float = Field(default=3600.0, gt=0, description="Age of an unowned journal.")
+    session_ttl: float = Field(
+        default=24 * 3600.0,
+        gt=0,
+        description="How long a session's workspace is kept after its last run settled; "
+        "then the reaper destroys it (the transcript stays).",
+    )
 
     # The ssh provider's host (sandboxes live under ssh_root there).
     ssh_host: str | None = None

@@ -75,6 +75,24 @@ def route_takeover(store: Store, settings: Settings, run_id: str) -> str | None:
     )
 
 
+def run_host(store: Store, settings: Settings, run_id: str) -> str | None:
+    """Whose queue a new run goes to; None is the shared turns queue.
+
+    The host that made its session's workspace, while that host is alive: a
+    ``local`` or ``bwrap`` workspace is on its disk, and only it can start the agent
+    there (``can_spawn``). Elsewhere the run would start in a fresh workspace. Once
+    the host is dead any worker takes the run, and it says it started afresh."""
+    run = store.get_run(run_id)
+    if run is None or not run.keeps_workspace:
+        return None
+    workspace = store.session_workspace(run.session_id)
+    if workspace is None or workspace.sandbox is None or workspace.host is None:
+        return None
+    if workspace.sandbox.get("provider") not in HOST_LOCAL_PROVIDERS:
+        return None
+    return workspace.host if store.host_alive(workspace.host, settings.host_dead_after) else None
+
+
 def fleet_view(store: Store, settings: Settings) -> list[dict[str, Any]]:
     """Every host the store knows (from its workers' heartbeats and from the hosts its
     runs' placements name): alive or not, its worker processes, and the sandboxes it

@@ -26,6 +26,7 @@ from turnkeeper.errors import LogClosedError, LogFencedError, TurnkeeperError
 from turnkeeper.hosts import HOST_LOCAL_PROVIDERS
 from turnkeeper.sandbox import SandboxRef
 from turnkeeper.store.records import Claim, Run
+from turnkeeper.store.workspaces import IdleWorkspace
 from turnkeeper.workers.runtime import WorkerRuntime
 
 log = structlog.get_logger(__name__)
@@ -159,35 +160,65 @@ def reap(rt: WorkerRuntime) -> ReapReport:
 
 def reap_fleet(rt: WorkerRuntime) -> ReapReport:
     """The fleet's share: the sandboxes of settled runs no single host holds (ssh, or
-    placed before hosts were recorded), and the logs a crash left open."""
+    placed before hosts were recorded), the workspaces of such idle sessions, and the
+    logs a crash left open."""
     runs = rt.store.runs_to_reap(BATCH, host_local=HOST_LOCAL_PROVIDERS)
-    report = ReapReport(_destroy_settled(rt, runs), 0, _end_open_logs(rt))
+    idle = rt.store.idle_workspaces(rt.settings.session_ttl, BATCH, host_local=HOST_LOCAL_PROVIDERS)
+    destroyed = _destroy_settled(rt, runs) + _retire_idle(rt, idle)
+    report = ReapReport(destroyed, 0, _end_open_logs(rt))
     if report.destroyed or report.logs_ended:
         log.info("reap.done", share="fleet", **report.__dict__)
     return report
 
 
 def reap_host(rt: WorkerRuntime) -> ReapReport:
-    """This host's share: the sandboxes of settled runs it made, its orphaned sandboxes
-    older than the TTL, and what destroyed sandboxes left here (cgroups, uid claims)."""
-    runs = rt.store.runs_to_reap(BATCH, host=rt.settings.host_id, host_local=HOST_LOCAL_PROVIDERS)
-    report = ReapReport(_destroy_settled(rt, runs), _reap_orphans(rt) + _sweep(rt), 0)
+    """This host's share: the sandboxes of settled runs it made, the workspaces it made
+    of sessions idle for the session TTL, its orphaned sandboxes older than the orphan
+    TTL, and what destroyed sandboxes left here (cgroups, uid claims)."""
+    host = rt.settings.host_id
+    runs = rt.store.runs_to_reap(BATCH, host=host, host_local=HOST_LOCAL_PROVIDERS)
+    idle = rt.store.idle_workspaces(
+        rt.settings.session_ttl, BATCH, host=host, host_local=HOST_LOCAL_PROVIDERS
+    )
+    destroyed = _destroy_settled(rt, runs) + _retire_idle(rt, idle)
+    report = ReapReport(destroyed, _reap_orphans(rt) + _sweep(rt), 0)
     if report.destroyed or report.orphans:
         log.info("reap.done", share="host", host=rt.settings.host_id, **report.__dict__)
     return report
 
 
 def _destroy_settled(rt: WorkerRuntime, runs: list[Run]) -> int:
+    """Destroy settled runs' sandboxes; one that is a session's workspace outlives its
+    run: the run only forgets it (the session's idle reaping destroys it)."""
+    kept = rt.store.kept_workspaces() if runs else set()
     destroyed = 0
     for run in runs:
         ref = _sandbox_of(run)
         try:
-            if ref is not None:
+            if ref is not None and ref.id not in kept:
                 rt.provider(ref.provider).destroy(ref)
+                destroyed += 1
             rt.store.forget_sandbox(run.run_id)
-            destroyed += 1
         except TurnkeeperError as exc:
             log.warning("reap.failed", run_id=run.run_id, error=str(exc))
+    return destroyed
+
+
+def _retire_idle(rt: WorkerRuntime, idle: list[IdleWorkspace]) -> int:
+    """Destroy the workspaces of sessions idle for ``session_ttl``: each is forgotten
+    first, under the session's admission lock, so no run is handed one being destroyed;
+    one whose destroy fails is an orphan from then on (the orphan reaping retries)."""
+    destroyed = 0
+    for workspace in idle:
+        ref = SandboxRef.from_dict(workspace.sandbox)
+        try:
+            if not rt.store.retire_workspace(workspace.session_id, ref.id, rt.settings.session_ttl):
+                continue
+            rt.provider(ref.provider).destroy(ref)
+            destroyed += 1
+            log.info("reap.workspace", session_id=workspace.session_id, sandbox=ref.id)
+        except TurnkeeperError as exc:
+            log.warning("reap.workspace_failed", session_id=workspace.session_id, error=str(exc))
     return destroyed
 
 
@@ -240,7 +271,8 @@ def _sweep(rt: WorkerRuntime) -> int:
 
 
 def _reap_orphans(rt: WorkerRuntime) -> int:
-    """Local sandbox directories that no unsettled run references: at once when a run
+    """Local sandbox directories that no unsettled run references, nor any session as
+    its workspace: at once when a run
     has moved on from it (``superseded_sandboxes``: a host back from a partition finds
     the agent its run left behind still working; not on a shared volume), else once
     older than the TTL.
@@ -252,6 +284,7 @@ def _reap_orphans(rt: WorkerRuntime) -> int:
     if not root.is_dir():
         return 0
     keep = {ref.id for ref in map(_sandbox_ref, rt.store.unsettled_sandbox_refs()) if ref}
+    keep |= rt.store.kept_workspaces()
     # On a shared volume the dir holds every host's sandboxes, and this host cannot end
     # another's agents; there a run moves on from a sandbox only once its agent is gone.
     superseded = (

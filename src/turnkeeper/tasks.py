@@ -50,8 +50,8 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 
 from turnkeeper import driver, reconciler
 from turnkeeper.config import Settings
-from turnkeeper.errors import BrokerUnavailableError
-from turnkeeper.hosts import route_takeover
+from turnkeeper.errors import BrokerUnavailableError, TurnkeeperError
+from turnkeeper.hosts import route_takeover, run_host
 from turnkeeper.secret import make_undumpable
 from turnkeeper.store.store import Store
 from turnkeeper.workers.beacon import main_process_pid
@@ -165,7 +165,17 @@ def create_app(settings: Settings, *, turn_worker: bool = True) -> Celery:
 def _register_tasks(app: Celery, settings: Settings, *, announce: bool) -> None:
     @app.task(name=RUN_TURN, shared=False)
     def run_turn(run_id: str) -> None:
-        driver.run_turn(runtime_for(settings), run_id)
+        runtime = runtime_for(settings)
+        # A run of a session whose workspace is on another live host goes on there.
+        host = run_host(runtime.store, settings, run_id)
+        if host is not None and host != settings.host_id:
+            log.info("run.forwarded", run_id=run_id, host=host)
+            _send_run(app, settings, run_id, host=host)
+            return
+        try:
+            driver.run_turn(runtime, run_id)
+        finally:
+            start_next_in_session(app, settings, runtime.store, run_id)
 
     @app.task(name=TAKEOVER, shared=False)
     def takeover(run_id: str, attempt_id: str, epoch: int) -> None:
@@ -177,7 +187,10 @@ def _register_tasks(app: Celery, settings: Settings, *, announce: bool) -> None:
             log.info("takeover.forwarded", run_id=run_id, epoch=epoch, host=host)
             _send_takeover(app, settings, run_id, attempt_id, epoch, host=host)
             return
-        driver.take_over(runtime, run_id, attempt_id, epoch)
+        try:
+            driver.take_over(runtime, run_id, attempt_id, epoch)
+        finally:
+            start_next_in_session(app, settings, runtime.store, run_id)
 
     @app.task(name=RECONCILE, shared=False)
     def reconcile() -> None:
@@ -264,10 +277,41 @@ def close_on_shutdown(**_: Any) -> None:
     close_runtimes()
 
 
-def enqueue_run(app: Celery, settings: Settings, run_id: str) -> None:
-    """Trigger ``run_turn`` for an admitted run (losing this message loses nothing)."""
+def enqueue_run(
+    app: Celery, settings: Settings, run_id: str, *, store: Store | None = None
+) -> None:
+    """Trigger ``run_turn`` for an admitted run (losing this message loses nothing), on
+    the queue ``hosts.run_host`` names: the host holding its session's workspace while
+    it is alive, else the shared turns queue."""
+    host = run_host(store or runtime_for(settings).store, settings, run_id)
+    _send_run(app, settings, run_id, host=host)
+
+
+def _send_run(app: Celery, settings: Settings, run_id: str, *, host: str | None) -> None:
     priority = TurnPriorities.for_broker(settings.effective_broker_url).run
-    _send(app, RUN_TURN, args=[run_id], queue=turns_queue(settings), priority=priority)
+    if host is None:
+        _send(app, RUN_TURN, args=[run_id], queue=turns_queue(settings), priority=priority)
+        return
+    # Celery takes a Queue here (routes.expand_destination), not only a name.
+    queue = _priority_queue(settings, host_queue(settings, host))
+    _send(app, RUN_TURN, args=[run_id], queue=queue, priority=priority)
+
+
+def start_next_in_session(app: Celery, settings: Settings, store: Store, run_id: str) -> None:
+    """Once ``run_id`` settled, start the run of its session queued behind it at once
+    (one run of a session runs at a time; a claim refuses a run that does not lead).
+    A worker that dies first leaves it to the reconciler's stale sweep, which picks a
+    queued run up once it leads its session."""
+    try:
+        successor = store.next_in_session(run_id)
+        if successor is None:
+            return
+        enqueue_run(app, settings, successor, store=store)
+        store.mark_dispatched(successor)
+    except TurnkeeperError as exc:
+        log.warning("run.next_deferred", run_id=run_id, error=str(exc))
+        return
+    log.info("run.next_in_session", run_id=successor, after=run_id)
 
 
 def enqueue_takeover(
@@ -325,5 +369,5 @@ def enqueuers(
     takeovers; this process's runtime's by default)."""
     return {
         "enqueue_takeover": partial(enqueue_takeover, app, settings, store=store),
-        "enqueue_run": partial(enqueue_run, app, settings),
+        "enqueue_run": partial(enqueue_run, app, settings, store=store),
     }

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import turnkeeper
-from turnkeeper.agents.spec import AgentSpec
+from turnkeeper.agents.spec import AgentSpec, safe_session_id
 from turnkeeper.errors import AgentError, UnknownAgentError
 from turnkeeper.sandbox import PROMPT, PROMPT_FILE, AgentCommand
 
@@ -115,3 +115,56 @@ def test_bad_specs_fail_with_a_clear_error(
     with pytest.raises(error, match=needle) as caught:
         AgentSpec.from_payload(payload)
     assert type(caught.value) is error
+
+
+def test_a_follow_up_resumes_the_agents_own_conversation_or_starts_anew() -> None:
+    flags = ("--output-format", "stream-json", "--verbose", "--include-partial-messages")
+    claude = AgentSpec.from_payload("claude-code")
+    # Each follow-up forks: the run's own id then names the conversation as it left it.
+    assert claude.follow_up_command(session_id="s-1") == AgentCommand(
+        ("claude", "-p", "--resume", "s-1", *flags, "--fork-session"), stdin_prompt=True
+    )
+    # No id reported (or one unsafe to pass back): a new conversation, as a first run.
+    for unusable in (None, "--dangerously-skip-permissions", "a b", "../x", "", "x" * 201):
+        assert claude.follow_up_command(session_id=unusable) == claude.start_command()
+    codex = AgentSpec.from_payload("codex")
+    assert codex.follow_up_command(session_id="th").argv == (
+        "codex", "exec", "--json", "resume", "th", "-",
+    )  # fmt: skip
+    scripted = AgentSpec.from_payload("scripted")
+    assert scripted.recalls_transcript
+    assert scripted.follow_up_command(session_id="s-1") == scripted.start_command()
+    template = ["agent", "--resume", "{session_id}"]
+    declared = {"command": ["agent"], "format": "text", "continue": template}
+    assert AgentSpec.from_payload(declared).follow_up_command(session_id="c1").argv == (
+        "agent", "--resume", "c1",
+    )  # fmt: skip
+    for plain in (True, False):  # no template: a new process each run
+        spec = AgentSpec.from_payload({"command": ["agent"], "format": "text", "continue": plain})
+        assert spec.follow_up_command(session_id="c1") == spec.start_command()
+    with pytest.raises(AgentError) as caught:
+        claude.continuation_command(session_id="-rf")
+    assert caught.value.reason == "unsafe-session-id"
+
+
+@pytest.mark.parametrize(
+    ("value", "safe"),
+    [("0f9c-1b2a", True), ("thread_01:abc.def", True), ("-x", False), ("a/b", False),
+     ("a\nb", False), ("", False), (7, False), ("é", False)],
+)  # fmt: skip
+def test_safe_session_id(value: object, safe: bool) -> None:
+    assert (safe_session_id(value) == value) is safe
+
+
+def test_a_branch_is_refused_where_the_agent_cannot_fork_there() -> None:
+    claude = AgentSpec.from_payload("claude-code")
+    codex = AgentSpec.from_payload("codex")
+    forgetful = AgentSpec.from_payload({"command": ["agent"], "format": "text"})
+    for spec in (AgentSpec.from_payload("scripted"), forgetful):
+        assert spec.branch_refusal(at_run_end=False, at_leaf=False) is None
+    assert claude.branch_refusal(at_run_end=True, at_leaf=False) is None
+    assert "where an earlier run ended" in str(
+        claude.branch_refusal(at_run_end=False, at_leaf=False)
+    )
+    assert "cannot fork" in str(codex.branch_refusal(at_run_end=True, at_leaf=False))
+    assert codex.branch_refusal(at_run_end=True, at_leaf=True) is None, "no branch at all"

@@ -287,3 +287,18 @@ def expected_log(
     chunks.extend(translator.finish())
     chunks.append(lifecycle.run_finished(run_id, session_id))
     return chunks
+
+
+def follow_up_prompt(prompt: str, earlier: list[tuple[str, list[Chunk]]]) -> str:
+    """What the scripted agent is given in a follow-up: the prompt, then each earlier
+    run's prompt and the text of each message its log shows, one line each, oldest
+    first (docs/architecture.md, "Follow-ups"); from the logs, not the transcript."""
+    lines = [prompt, "", "Earlier in this conversation:"]
+    for asked, chunks in earlier:
+        lines.append(f"user: {' '.join(asked.split())}")
+        texts: dict[str, str] = {}
+        for chunk in chunks:
+            if chunk["type"] == "TEXT_MESSAGE_CONTENT":
+                texts[chunk["messageId"]] = texts.get(chunk["messageId"], "") + chunk["delta"]
+        lines.extend(f"assistant: {' '.join(text.split())}" for text in texts.values() if text)
+    return "\n".join(lines)

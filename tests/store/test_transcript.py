@@ -180,3 +180,27 @@ def test_session_leaf_and_entry_parent(store: Store) -> None:
     assert store.entry_parent("s1", "u1") == (True, None)
     assert store.entry_parent("s1", "a1") == (True, "u1")
     assert store.entry_parent("other", "a1") == (False, None)
+
+
+def test_a_branch_appends_under_an_earlier_entry_and_moves_the_leaf_by_cas(
+    store: Store,
+) -> None:
+    claim = claimed(store, "r1", "s1")
+    assert store.append_transcript(claim, "s1", [NewEntry("u1", "user", {})], None) == "u1"
+    assert store.append_transcript(claim, "s1", [NewEntry("a1", "assistant", {})], "u1") == "a1"
+    assert store.append_transcript(claim, "s1", [NewEntry("u2", "user", {})], "a1") == "u2"
+    # From a1 again: a second child of a1, and the leaf moves from u2 to it.
+    branch = [NewEntry("u2b", "user", {"edited": True})]
+    assert store.append_transcript(claim, "s1", branch, "u2", under="a1") == "u2b"
+    assert [e.entry_id for e in store.active_path("s1")] == ["u1", "a1", "u2b"]
+    assert [(e.entry_id, e.parent_id) for e in store.session_entries("s1")] == [
+        ("u1", None),
+        ("a1", "u1"),
+        ("u2", "a1"),
+        ("u2b", "a1"),
+    ]
+    assert [e.entry_id for e in store.path_to("s1", "u2")] == ["u1", "a1", "u2"]
+    assert store.append_transcript(claim, "s1", branch, "u2", under="a1") == "u2b"  # replayed
+    with pytest.raises(TranscriptConflictError) as moved:  # the leaf is u2b now, not u2
+        store.append_transcript(claim, "s1", [NewEntry("u3", "user", {})], "u2", under="u1")
+    assert moved.value.reason == "leaf-moved"

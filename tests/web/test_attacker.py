@@ -131,8 +131,10 @@ def _wait_healthy(base_url: str, proc: subprocess.Popen[bytes], log: Path) -> No
 # last use, a session's leaf as its runs commit turns.
 _VOLATILE = {
     "runs": ("updated_at", "lease_expires_at", "sandbox_ref", "dispatched_at", "started_at",
-             "finished_at", "owner", "attempt_id", "sandbox_host"),
-    "sessions": ("updated_at", "leaf_id", "version"),
+             "finished_at", "owner", "attempt_id", "sandbox_host", "lock_attempt_id",
+             "agent_session_id"),
+    # What a worker records of the session's workspace when it places a run.
+    "sessions": ("updated_at", "leaf_id", "version", "workspace", "workspace_host"),
     "api_keys": ("last_used_at",),
 }  # fmt: skip
 _FLEET_TABLES = {"alembic_version", "workers"}
@@ -198,6 +200,12 @@ KEYED_ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("POST", f"/runs/{V}/cancel", None),
     ("GET", f"/runs/{V}/events", None),
     ("GET", f"/sessions/{quote(VICTIM_SESSION, safe='')}/transcript", None),
+    ("GET", f"/sessions/{quote(VICTIM_SESSION, safe='')}", None),
+    (
+        "POST",
+        f"/sessions/{quote(VICTIM_SESSION, safe='')}/runs",
+        {"agent": "scripted", "prompt": "x"},
+    ),
     ("GET", "/metrics", None),
     ("GET", "/fleet/hosts", None),
     ("GET", "/key", None),
@@ -258,6 +266,13 @@ def test_another_tenant_is_told_nothing_exists(target: Target, fleet: Fleet) -> 
         session = quote(VICTIM_SESSION, safe="")
         transcript = refused(target, bob, "GET", f"/sessions/{session}/transcript", 404)
         assert transcript.json()["error"] == f"no session has the id {VICTIM_SESSION!r}"
+        tree = refused(target, bob, "GET", f"/sessions/{session}", 404)
+        assert tree.json()["error"] == f"no session has the id {VICTIM_SESSION!r}"
+        sent = refused(
+            target, bob, "POST", f"/sessions/{session}/runs", 404,
+            json={"agent": "scripted", "prompt": "my secret plan"},
+        )  # fmt: skip
+        assert sent.json()["error"] == f"no session has the id {VICTIM_SESSION!r}"
         assert bob.get("/runs").json()["runs"] == []
         assert bob.get("/runs", params={"session_id": VICTIM_SESSION}).json()["runs"] == []
         # Ids are global: another tenant learns that one is taken, and nothing else.

@@ -33,6 +33,19 @@ continuation prompt; a list is the continuation argv, in which the whole
 elements ``{prompt}``, ``{prompt_file}``, ``{session_id}`` (the agent's own
 conversation id, from :attr:`Translator.session_id`) and ``{start_turn}`` (the
 0-based turn to resume at) are replaced.
+
+Follow-ups (a later run of the same session, :meth:`AgentSpec.follow_up_command`):
+an agent whose ``continue`` is a list resumes its own conversation with it, at turn
+0, ``{session_id}`` being the id its earlier run reported, its ``fork`` arguments
+appended (``claude -p --resume ID --fork-session``, ``codex exec resume ID``); any
+other agent gets a new process each run, its command as in a first run, and
+remembers nothing. The scripted agent continues from
+the stored transcript instead (:attr:`AgentSpec.recalls_transcript`): its prompt
+carries the earlier turns.
+
+A conversation id comes from the agent's own output, which a prompt can steer, and
+becomes an argument of the next process: only ids that cannot read as an option or
+hold anything but ``[A-Za-z0-9._:-]`` are used (``safe_session_id``).
 """
 
 from __future__ import annotations
@@ -41,6 +54,7 @@ import fnmatch
 import re
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -55,6 +69,16 @@ SESSION_ID = "{session_id}"
 START_TURN = "{start_turn}"
 PRESETS = ("scripted", "claude-code", "codex")
 _ENV_FROM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")
+
+
+def safe_session_id(value: object) -> str | None:
+    """``value`` when it may be an argument of an agent's command: it can never read as
+    an option, a path or shell syntax; else None."""
+    if isinstance(value, str) and _SESSION_ID.fullmatch(value):
+        return value
+    return None
+
 
 ENV_REFUSED: tuple[tuple[str, str], ...] = (
     ("LD_*", "the dynamic loader preloads, audits or finds libraries through them"),
@@ -128,6 +152,11 @@ class AgentSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     env_from: list[str] = Field(default_factory=list)
     continue_: bool | list[str] = Field(default=False, alias="continue")
+    fork: list[str] = Field(default_factory=list)
+    """Arguments that make a follow-up's ``continue`` command start a new conversation
+    from the one it resumes, leaving that one as it was (``--fork-session``): every
+    run's conversation id then names the conversation as that run left it, so a
+    branch may start at the end of any earlier run."""
     prompt_stdin: bool = False
     """The prompt is also the agent's standard input (otherwise it reads an empty one)."""
     preset: str | None = None
@@ -195,6 +224,7 @@ class AgentSpec(BaseModel):
             "format": self.format,
             "env": dict(self.env),
             "continue": self.continue_,
+            **({"fork": list(self.fork)} if self.fork else {}),
             **({"prompt_stdin": True} if self.prompt_stdin else {}),
             **passed,
         }
@@ -237,8 +267,57 @@ class AgentSpec(BaseModel):
                 "continuing this agent needs its session id, which it never reported",
                 reason="no-session-id",
             )
+        if session_id is not None and safe_session_id(session_id) is None:
+            raise AgentError(
+                "the agent reported a session id that cannot be passed back to it safely",
+                reason="unsafe-session-id",
+            )
         values = {SESSION_ID: session_id or "", START_TURN: str(start_turn)}
         return self.command_for([values.get(arg, arg) for arg in self.continue_])
+
+    @property
+    def recalls_transcript(self) -> bool:
+        """A follow-up of this agent is given the earlier turns in its prompt, from the
+        stored transcript (the scripted agent), instead of resuming a conversation of
+        its own."""
+        return self.preset == "scripted"
+
+    def follow_up_command(self, *, session_id: str | None) -> AgentCommand:
+        """The first process of a follow-up run: the ``continue`` list at turn 0 resumes
+        the agent's own conversation ``session_id``; an agent without one (``continue``
+        true or false), one that recalls the transcript, or one whose list needs an id
+        its earlier run never reported (or reported unsafely) starts as in a first run."""
+        template = self.continue_
+        if not isinstance(template, list) or self.recalls_transcript:
+            return self.start_command()
+        resumable = safe_session_id(session_id)
+        if SESSION_ID in template and resumable is None:
+            return self.start_command()
+        resumed = self.continuation_command(session_id=resumable, start_turn=0)
+        return replace(resumed, argv=(*resumed.argv, *self.fork))
+
+    def branch_refusal(self, *, at_run_end: bool, at_leaf: bool) -> str | None:
+        """Why a follow-up of this agent cannot start from an earlier entry (a branch),
+        or None when it can: one that recalls the transcript or remembers nothing can
+        start anywhere; one that resumes a conversation of its own only where a
+        conversation id names exactly what came before (``fork``: the end of a run;
+        without it: the session's latest entry, which is no branch)."""
+        template = self.continue_
+        if self.recalls_transcript or not isinstance(template, list):
+            return None
+        if SESSION_ID not in template or at_leaf:
+            return None
+        if self.fork:
+            if at_run_end:
+                return None
+            return (
+                "this agent can fork its conversation only where an earlier run ended: "
+                "start the branch from the last entry of a run"
+            )
+        return (
+            "this agent cannot fork its conversation: it can only go on from the "
+            "session's latest entry"
+        )
 
     def argv(self, prompt: str) -> list[str]:
         """The argv of a direct run, outside any sandbox, for tests and benchmarks:
@@ -298,15 +377,18 @@ def _preset(payload: dict[str, Any]) -> AgentSpec:
         knobs += ["--pace", str(options.pace), *options.args]
         command = [*base, *knobs]
         continuation = [*base, *knobs, "--start-turn", START_TURN]
+        fork: list[str] = []
         fmt: Format = "claude-code"
     elif name == "claude-code":  # `-p` with no prompt argument reads it from stdin
         flags = ["--output-format", "stream-json", "--verbose", "--include-partial-messages"]
         command = ["claude", "-p", *flags, *dumped["args"]]
         continuation = ["claude", "-p", "--resume", SESSION_ID, *flags, *dumped["args"]]
+        fork = ["--fork-session"]
         fmt = "claude-code"
     else:  # `-` reads the prompt from stdin
         command = ["codex", "exec", "--json", *dumped["args"], "-"]
         continuation = ["codex", "exec", "--json", *dumped["args"], "resume", SESSION_ID, "-"]
+        fork = []  # codex exec resume cannot fork a thread
         fmt = "codex"
     try:
         return AgentSpec(
@@ -314,6 +396,7 @@ def _preset(payload: dict[str, Any]) -> AgentSpec:
             format=fmt,
             env=env,
             continue_=continuation,
+            fork=fork,
             prompt_stdin=name != "scripted",
             preset=name,
             options={k: v for k, v in dumped.items() if v != _defaults(options).get(k)},

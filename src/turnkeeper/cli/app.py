@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from turnkeeper import checkup
-from turnkeeper.cli import demo, fleet, hosts, runs, web
+from turnkeeper.cli import chat, demo, fleet, hosts, runs, web
 from turnkeeper.cli.context import console, services, settings_from_env, with_dev_secret
 from turnkeeper.cli.keys import keys_app
 from turnkeeper.store import migration
@@ -22,6 +22,7 @@ app.add_typer(db_app, name="db")
 app.add_typer(keys_app, name="keys")
 
 app.command()(runs.submit)
+app.command()(chat.chat)
 app.command()(runs.tail)
 app.command()(runs.status)
 app.command()(runs.cancel)

@@ -47,6 +47,10 @@ class ConversationRenderer:
             self._line(Text(f"● error: {chunk.get('message')}", style="bold red"))
         elif kind == "CUSTOM" and chunk.get("name") == "turnkeeper.interrupted":
             self._line(Text("● interrupted: the agent continues in a new process", style="yellow"))
+        elif kind == "CUSTOM" and chunk.get("name") == "turnkeeper.fresh_workspace":
+            value = chunk.get("value")
+            message = value.get("message") if isinstance(value, dict) else None
+            self._line(Text(f"● {message or 'a fresh workspace'}", style="yellow"))
 
     def _text(self, delta: str) -> None:
         if not self._in_text:

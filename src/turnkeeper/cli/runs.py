@@ -32,7 +32,7 @@ def client_from_env() -> Iterator[Client]:
             client.close()
 
 
-def _parse_env(pairs: list[str]) -> dict[str, str]:
+def parse_env(pairs: list[str]) -> dict[str, str]:
     env = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -54,6 +54,10 @@ def submit(
     ] = "text",
     prompt: Annotated[str, typer.Option("--prompt", help="The input of the turn.")] = "",
     session: Annotated[str | None, typer.Option("--session", help="Session id.")] = None,
+    from_entry: Annotated[
+        str | None,
+        typer.Option("--from-entry", help="Branch: the earlier transcript entry to follow."),
+    ] = None,
     run_id: Annotated[str | None, typer.Option("--run-id", help="Idempotency key.")] = None,
     env: Annotated[
         list[str] | None, typer.Option("--env", help="KEY=VALUE for the agent (repeatable).")
@@ -81,9 +85,10 @@ def submit(
             prompt,
             session_id=session,
             run_id=run_id,
-            env=_parse_env(env or []),
+            env=parse_env(env or []),
             provider=provider,
             key_name=on_behalf_of,
+            from_entry=from_entry,
         )
         if not follow:
             print(run.run_id)
@@ -124,11 +129,13 @@ def status(
     run_id: str,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
 ) -> None:
-    """Show a run's status, phase, epoch, attempts, owner, sandbox host, lease and error."""
+    """Show a run's status, phase, epoch, attempts, owner, sandbox host, lease and error;
+    for a queued run, how many runs of its session it waits behind (0: it starts next)."""
     with client_from_env() as client:
         run = client.require(run_id)
         journal = client.store.get_turn_slot(run_id)
         info = describe(run, journal.phase.value if journal else None)
+        info["waiting_behind"] = client.store.waiting_behind(run_id)
         info["takeovers"] = takeover_counts(client.store.takeovers_of(run_id))
     if as_json:
         print(json.dumps(info))

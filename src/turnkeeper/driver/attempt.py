@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from turnkeeper.agents.spec import AgentSpec
+from turnkeeper.agents.spec import AgentSpec, safe_session_id
 from turnkeeper.chunks import Chunk
 from turnkeeper.driver import lifecycle
+from turnkeeper.driver.conversation import FollowUp
 from turnkeeper.driver.feed import JournalFeed
 from turnkeeper.driver.output import LEASE_RENEWALS, RunOutput, end_log
 from turnkeeper.driver.ownership import Ownership
@@ -220,6 +221,8 @@ class Attempt:
         self.hand_over = runtime.hand_over
         payload = run.payload if isinstance(run.payload, dict) else {}
         self.prompt = str(payload.get("prompt", ""))
+        branch = payload.get("from_entry")
+        self.from_entry = branch if isinstance(branch, str) else None
         self.spec = AgentSpec.from_payload(payload.get("agent", "scripted"))
         self.env = runtime.agent_env(claim.run_id, payload, self.spec)
         self.replay = Replay(claim.run_id, run.session_id, self.spec.format)
@@ -235,7 +238,13 @@ class Attempt:
             spec=SandboxSpec(journal_max_bytes=self.settings.journal_max_bytes),
             settings=self.settings,
             max_line_bytes=self.settings.max_line_bytes,
+            workspace_of=run.session_id if run.keeps_workspace else None,
         )
+        self._workspace_announced = False
+        self.follow_up: FollowUp | None = None
+        self.agent_prompt = self.prompt
+        """What the agent is given: the prompt, or for an agent that recalls the
+        transcript, the prompt with the conversation it follows up."""
         self._log = log.bind(run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
 
     # --- entry ------------------------------------------------------------------------
@@ -247,7 +256,10 @@ class Attempt:
             action = classify(self._facts())
             self._log.info("takeover.classified", action=action.value)
         self._emit(self.replay.started())
-        self.recorder.record_input(self.prompt)
+        self.recorder.record_input(self.prompt, from_entry=self.from_entry)
+        self.follow_up = FollowUp.of(self.store, self.run, self.recorder.input_parent)
+        if self.follow_up is not None and self.spec.recalls_transcript:
+            self.agent_prompt = self.follow_up.prompt(self.prompt)
         steps: dict[Recovery, Callable[[], Ending]] = {
             Recovery.ABORT: self._abort_at_takeover,
             Recovery.START: self._start,
@@ -298,6 +310,7 @@ class Attempt:
         self._replay_stored(len(journals) - 1 if reuse else len(journals))
         command = self._command()
         journal = last if reuse and last is not None else self.place.new_journal(sandbox)
+        self._announce_workspace()
         return self._spawn(sandbox, journal, command)
 
     def _attach(self) -> Ending:
@@ -393,7 +406,7 @@ class Attempt:
     ) -> None:
         """Stop the agent, settle, end the log with one final chunk: a cancel by default,
         or a deadline passed."""
-        self.place.destroy()
+        self.place.stop()
         self.ownership.check()
         final = final or lifecycle.cancelled()
         self._settle(status, error or {"reason": "cancelled", "message": final["message"]})
@@ -403,12 +416,16 @@ class Attempt:
 
     def _command(self) -> AgentCommand:
         """The next agent process's command, with the run's env opened: a continuation
-        once one was given up."""
+        once one was given up; in a follow-up, the command that resumes the agent's own
+        conversation (docs/architecture.md, "Follow-ups")."""
+        resumed = self.follow_up.agent_session_id if self.follow_up else None
         if any(journal.given_up for journal in self.place.journals):
             command = self.spec.continuation_command(
-                session_id=self.replay.agent_session_id,
+                session_id=self.replay.agent_session_id or resumed,
                 start_turn=self.replay.turns_completed,
             )
+        elif self.follow_up is not None:
+            command = self.spec.follow_up_command(session_id=resumed)
         else:
             command = self.spec.start_command()
         return replace(command, env=self.env)
@@ -419,7 +436,7 @@ class Attempt:
             sandbox,
             journal,
             command,
-            self.prompt.encode(),
+            self.agent_prompt.encode(),
             after_prepare=lambda: failpoint(self.settings, "after-prepare", self.claim.run_id),
         )
         # Its journal was made before (a retry, a predecessor): by a writer that ran?
@@ -581,7 +598,7 @@ class Attempt:
         self.output.close()
         if settled:
             try:
-                self.place.destroy()
+                self.place.settled()
             except TurnkeeperError as exc:  # the reaper retries; the run is settled
                 self._log.warning("sandbox.destroy_failed", error=str(exc))
 
@@ -593,7 +610,11 @@ class Attempt:
         self.keeper.stop()
         failpoint(self.settings, "settling", self.claim.run_id)
         self.ownership.check()
-        settled = self.ownership.confirm(self.store.settle_run(self.claim, status, error))
+        # The agent's own conversation id, for the session's next run to resume.
+        conversation = safe_session_id(self.replay.agent_session_id)
+        settled = self.ownership.confirm(
+            self.store.settle_run(self.claim, status, error, agent_session_id=conversation)
+        )
         self._log.info("run.finished", status=status.value, settled=settled)
         return settled
 
@@ -602,6 +623,7 @@ class Attempt:
     def _replay_stored(self, count: int) -> None:
         """Re-produce the output of the first ``count`` agent processes from their
         stored bytes, each given-up one followed by its interruption marks."""
+        self._announce_workspace()
         for index, journal in enumerate(self.place.journals[:count]):
             self._emit_replayed(
                 StoredJournal(
@@ -613,6 +635,14 @@ class Attempt:
             )
             if journal.given_up:  # a journal that never started ran nothing: no marks
                 self._interrupt(process_index(self.place.journals, index))
+
+    def _announce_workspace(self) -> None:
+        """The fresh-workspace notice, once, right after ``RUN_STARTED``, as soon as the
+        placement recorded it (``replay.stored_chunks`` puts it there too)."""
+        reason = self.place.recorded_fresh_workspace
+        if reason is not None and not self._workspace_announced:
+            self._workspace_announced = True
+            self._emit(self.replay.fresh_workspace(reason))
 
     def _emit_replayed(self, lines: Iterable[Line]) -> None:
         for batch in batches(lines, _REPLAY_BATCH):

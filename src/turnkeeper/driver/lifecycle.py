@@ -14,6 +14,15 @@ from turnkeeper.chunks import Chunk
 from turnkeeper.store.records import Run, RunStatus
 
 INTERRUPTED = "turnkeeper.interrupted"
+FRESH_WORKSPACE = "turnkeeper.fresh_workspace"
+_FRESH_WORKSPACE = {
+    "lost": "the session's workspace was lost: this run starts in a fresh one, and the "
+    "agent's files and its own memory of the conversation are gone",
+    "expired": "the session was idle longer than TURNKEEPER_SESSION_TTL and its workspace "
+    "was removed: this run starts in a fresh one",
+    "unreachable": "the session's workspace is out of this worker's reach (another host's "
+    "disk, or another sandbox provider): this run starts in a fresh one",
+}
 OUTCOME_UNKNOWN = "outcome unknown: the sandbox running this tool was lost before it answered"
 
 
@@ -46,6 +55,17 @@ def cancelled() -> Chunk:
 def interrupted(journal_index: int) -> Chunk:
     """Marks where an agent process's output ends: its sandbox or its process was lost."""
     return {"type": "CUSTOM", "name": INTERRUPTED, "value": {"journal": journal_index}}
+
+
+def fresh_workspace(reason: str) -> Chunk:
+    """Tells a client that the run did not find its session's workspace, and why: what
+    the agent made there in earlier runs is gone."""
+    message = _FRESH_WORKSPACE.get(reason, f"this run starts in a fresh workspace ({reason})")
+    return {
+        "type": "CUSTOM",
+        "name": FRESH_WORKSPACE,
+        "value": {"reason": reason, "message": message},
+    }
 
 
 def outcome_unknown(tool_call_id: str) -> Chunk:

@@ -23,6 +23,13 @@ and destroys it, unless the sandboxes dir is shared, when any host may read it
 (``hosts.can_read``, ``hosts.can_spawn``; docs/architecture.md, "Hosts"). Elsewhere
 the sandbox is not there: ``resume`` answers None, as for a sandbox that is gone.
 
+A run of a named session starts in its session's workspace (docs/architecture.md,
+"Session workspaces"): the sandbox the session's previous run recorded, when this host
+can use it, else a fresh one, and then the placement says why (``fresh_workspace``)
+so that the run's log says so too. The record that names the run's sandbox names it
+as the session's workspace in the same write; such a sandbox outlives the run (its
+processes are stopped at a cancel, its journal files removed once it settled).
+
 Every sentinel nonce the driver needs is looked up here (``nonce_of``,
 ``sentinel_of``): a random one per agent process, drawn when its journal is planned
 and kept in the record next to the journal's handle, so a successor reads it there.
@@ -53,12 +60,20 @@ from turnkeeper.sandbox import (
     new_nonce,
     spawn_journaled,
 )
-from turnkeeper.sandbox.journal import exists_argv
+from turnkeeper.sandbox.journal import exists_argv, remove_argv
 from turnkeeper.sandbox.runner import disarm, never_started
 from turnkeeper.store.records import Claim, Run
 from turnkeeper.store.store import Store
 
 log = structlog.get_logger(__name__)
+
+LOST_WORKSPACE = "lost"
+"""The session's workspace is gone (removed, or destroyed with a cancelled run's)."""
+EXPIRED_WORKSPACE = "expired"
+"""The reaper destroyed it after the session was idle for ``TURNKEEPER_SESSION_TTL``."""
+UNREACHABLE_WORKSPACE = "unreachable"
+"""It is on another host's disk, or of another sandbox provider than this run's."""
+FRESH_WORKSPACE_REASONS = (LOST_WORKSPACE, EXPIRED_WORKSPACE, UNREACHABLE_WORKSPACE)
 
 NEVER_STARTED = "never-started"
 """The ``lost`` reason of a journal whose writer provably never started (and never
@@ -113,24 +128,33 @@ class Placement:
     journals: list[PlacedJournal] = field(default_factory=list)
     host: str | None = None
     """The host (``TURNKEEPER_HOST_ID``) whose worker made ``sandbox``."""
+    fresh_workspace: str | None = None
+    """Why the run started in a fresh workspace although its session had one
+    (``FRESH_WORKSPACE_REASONS``); recorded with the first journal, before the chunk
+    that tells clients so."""
 
     @classmethod
     def of(cls, run: Run) -> Placement:
         data = run.sandbox_ref or {}
         sandbox = SandboxRef.from_dict(data["sandbox"]) if data.get("sandbox") else None
         host = data.get("host")
+        fresh = data.get("fresh_workspace")
         return cls(
             sandbox=sandbox,
             journals=[PlacedJournal.from_dict(j) for j in data.get("journals", [])],
             host=str(host) if host is not None else None,
+            fresh_workspace=str(fresh) if fresh is not None else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "sandbox": self.sandbox.to_dict() if self.sandbox else None,
             "journals": [j.to_dict() for j in self.journals],
             "host": self.host,
         }
+        if self.fresh_workspace is not None:
+            data["fresh_workspace"] = self.fresh_workspace
+        return data
 
     @property
     def last(self) -> PlacedJournal | None:
@@ -175,7 +199,11 @@ class Placer:
         spec: SandboxSpec,
         settings: Settings,
         max_line_bytes: int | None = None,
+        workspace_of: str | None = None,
     ) -> None:
+        """``workspace_of``: the session whose workspace the run uses (None: the run's
+        sandbox is its own, destroyed once it settled)."""
+        self.workspace_of = workspace_of
         self.provider = provider
         self.store = store
         self.ownership = ownership
@@ -184,6 +212,8 @@ class Placer:
         self.spec = spec
         self.settings = settings
         self.max_line_bytes = max_line_bytes
+        self.recorded_fresh_workspace = placement.fresh_workspace
+        """``fresh_workspace`` as Postgres holds it: what the run's log may say."""
         self._link = sandbox_retry_policy()
 
     @property
@@ -202,11 +232,39 @@ class Placer:
 
     def resume_or_create(self) -> Sandbox:
         """The sandbox to start the next agent process in: the run's own when this host
-        made it, else a new one here (another host's cgroup and uid are not ours)."""
+        made it, else a new one here (another host's cgroup and uid are not ours). A
+        session's run with no sandbox yet starts in its session's workspace."""
         ref = self.placement.sandbox
+        if ref is None and self.workspace_of is not None:
+            return self._session_workspace(self.workspace_of)
         if ref is not None and not self._here(ref):
             return self._create()
         return self.resume() or self._create()
+
+    def _session_workspace(self, session_id: str) -> Sandbox:
+        """The session's workspace when this worker can use it, stopped first (whatever
+        an earlier run left running there is no run's any more: only one run of a
+        session runs at a time); else a fresh one, and the placement says why."""
+        workspace = self.store.session_workspace(session_id)
+        if workspace is None:
+            return self._create()  # the session's first run
+        reason = workspace.gone or LOST_WORKSPACE
+        if workspace.sandbox is not None:
+            ref = SandboxRef.from_dict(workspace.sandbox)
+            usable = ref.provider == self.provider.name and hosts.can_spawn(
+                ref.provider, workspace.host, self.settings
+            )
+            sandbox = self._link(self.provider.resume, ref) if usable else None
+            if sandbox is not None:
+                self._link(self.provider.stop, ref)
+                self.placement = Placement(ref, list(self.placement.journals), workspace.host)
+                log.info("workspace.resumed", run_id=self.claim.run_id, sandbox=ref.id)
+                return sandbox
+            reason = LOST_WORKSPACE if usable else UNREACHABLE_WORKSPACE
+        sandbox = self._create()
+        self.placement.fresh_workspace = reason
+        log.info("workspace.fresh", run_id=self.claim.run_id, reason=reason)
+        return sandbox
 
     def _here(self, ref: SandboxRef) -> bool:
         return hosts.can_spawn(ref.provider, self.placement.host, self.settings)
@@ -221,7 +279,12 @@ class Placer:
         ref = self._link(self.provider.create, self.claim.run_id, self.spec)
         # Recorded with the first journal, before anything runs in it; a crash before
         # that leaves an empty orphan for the reaper.
-        self.placement = Placement(ref, list(self.placement.journals), self.settings.host_id)
+        self.placement = Placement(
+            ref,
+            list(self.placement.journals),
+            self.settings.host_id,
+            fresh_workspace=self.placement.fresh_workspace,
+        )
         sandbox = self._link(self.provider.resume, ref)
         assert sandbox is not None  # noqa: S101 - just created
         return sandbox
@@ -237,6 +300,29 @@ class Placer:
             log.info("sandbox.destroy_deferred", run_id=self.claim.run_id, host=self.placement.host)
             return
         self._link(self.provider.destroy, ref)
+
+    def stop(self) -> None:
+        """End the run's agent (a cancel, a deadline): a session's workspace keeps its
+        files, any other sandbox is destroyed."""
+        ref = self.placement.sandbox
+        if self.workspace_of is None or ref is None:
+            self.destroy()
+        elif self._here(ref):
+            self._link(self.provider.stop, ref)
+
+    def settled(self) -> None:
+        """The run settled: its own sandbox is destroyed; in a session's workspace only
+        its journal files go (the segments hold every byte; nothing reads them again)."""
+        ref = self.placement.sandbox
+        if self.workspace_of is None or ref is None:
+            self.destroy()
+            return
+        sandbox = self.resume() if self._here(ref) else None
+        if sandbox is None:
+            return
+        for journal in self.placement.journals:
+            if journal.handle.ref.id == ref.id:
+                self._link(sandbox.exec, remove_argv(journal.handle.paths), timeout=30)
 
     # --- journals ---------------------------------------------------------------------
 
@@ -340,4 +426,8 @@ class Placer:
 
     def _record(self) -> None:
         self.ownership.check()
-        self.ownership.confirm(self.store.record_sandbox(self.claim, self.placement.to_dict()))
+        recorded = self.store.record_sandbox(
+            self.claim, self.placement.to_dict(), keeps_workspace=self.workspace_of is not None
+        )
+        self.ownership.confirm(recorded)
+        self.recorded_fresh_workspace = self.placement.fresh_workspace

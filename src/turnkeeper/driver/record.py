@@ -122,6 +122,9 @@ class TurnRecorder:
         self.leaf: str | None = None
         self.journal_key: str | None = None
         self.content = TurnContent()
+        self.input_parent: str | None = None
+        """The entry the run's input follows (None: the run opened its session's
+        conversation), known once ``record_input`` ran."""
         self._recorded: Position = (slot.turn_index, _RANK[slot.phase]) if slot else (-1, -1)
         self._turn_open = False
 
@@ -129,15 +132,18 @@ class TurnRecorder:
     def input_entry_id(self) -> str:
         return f"{self.claim.run_id}/input"
 
-    def record_input(self, prompt: str) -> None:
-        """Append the run's input under the session's leaf, and begin turn 0."""
+    def record_input(self, prompt: str, from_entry: str | None = None) -> None:
+        """Append the run's input under the session's leaf (or under ``from_entry``, a
+        branch: the leaf moves to the input all the same), and begin turn 0."""
         # A successor re-appends under the parent its predecessor used; a fresh run
-        # appends under the session's leaf.
+        # appends under the session's leaf, or the entry it branches from.
         stored, parent = self.store.entry_parent(self.session_id, self.input_entry_id)
+        leaf = self.store.session_leaf(self.session_id)
         if not stored:
-            parent = self.store.session_leaf(self.session_id)
+            parent = from_entry if from_entry is not None else leaf
+        self.input_parent = parent
         entry = NewEntry(self.input_entry_id, "user", {"prompt": prompt})
-        self.leaf = self._append([entry], parent)
+        self.leaf = self._append([entry], leaf, under=parent)
         self._slot_write(
             (0, 0),
             lambda: self.store.begin_turn_slot(
@@ -201,7 +207,7 @@ class TurnRecorder:
     def commit_turn(self) -> None:
         entries = self.content.entries(self.claim.run_id, self.turn_index)
         if entries:
-            self.leaf = self._append(entries, self.leaf)
+            self.leaf = self._append(entries, self.leaf, under=self.leaf)
         leaf = self.leaf
         if leaf is not None:
             self._slot_write(
@@ -225,9 +231,10 @@ class TurnRecorder:
     def _turn_id(self, index: int) -> str:
         return f"{self.claim.run_id}/turn-{index}"
 
-    def _append(self, entries: list[NewEntry], parent: str | None) -> str:
+    def _append(self, entries: list[NewEntry], leaf: str | None, *, under: str | None) -> str:
+        """Append under ``under``, moving the session's leaf from ``leaf``."""
         self.ownership.check()
-        leaf = self.store.append_transcript(self.claim, self.session_id, entries, parent)
+        leaf = self.store.append_transcript(self.claim, self.session_id, entries, leaf, under=under)
         if leaf is None:
             self.ownership.lose("store-fenced")
         return leaf

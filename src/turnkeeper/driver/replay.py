@@ -2,9 +2,10 @@
 takeover's replay and of the rebuild of a log that Redis lost.
 
 The output of a run is a pure function of what Postgres holds: ``RUN_STARTED``;
-for each agent process in order its translated lines, followed by its
-interruption marks when it was given up; the closing chunks once its journal
-ended at the exit sentinel; the final chunk once the run is settled. ``Replay``
+the fresh-workspace notice when the placement records one; for each agent process
+in order its translated lines, followed by its interruption marks when it was given
+up; the closing chunks once its journal ended at the exit sentinel; the final chunk
+once the run is settled. ``Replay``
 mints those chunks, and ``StoredJournal`` reads a journal's lines back from its
 segments up to the sentinel, which is never handed out as a line. ``StoredLog`` is
 that function read from Postgres alone: what a lost Redis log is rebuilt from.
@@ -62,6 +63,11 @@ class Replay:
 
     def started(self) -> list[Chunk]:
         return self._observed([lifecycle.run_started(self.run_id, self.session_id)])
+
+    def fresh_workspace(self, reason: str) -> list[Chunk]:
+        """Right after ``RUN_STARTED``, once the placement recorded that the run did not
+        find its session's workspace."""
+        return self._observed([lifecycle.fresh_workspace(reason)])
 
     def lines(self, lines: Iterable[bytes]) -> list[Chunk]:
         """Chunks of journal lines, each given as the journal holds it (with its
@@ -197,7 +203,10 @@ def stored_chunks(store: Store, run: Run) -> Iterator[Chunk]:
         return
     replay = Replay(run.run_id, run.session_id, spec.format)
     yield from replay.started()
-    journals = Placement.of(run).journals
+    placement = Placement.of(run)
+    if placement.fresh_workspace is not None:
+        yield from replay.fresh_workspace(placement.fresh_workspace)
+    journals = placement.journals
     for index, journal in enumerate(journals):
         stored = StoredJournal(
             store, journal.journal_key, nonce_of(journal), max_line_bytes=journal.max_line_bytes

@@ -221,6 +221,12 @@ def tail_argv(path: str, max_bytes: int) -> list[str]:
     return _sh(f"tail -c {max_bytes} -- {_q(path)} 2>/dev/null; exit 0")
 
 
+def remove_argv(paths: JournalPaths) -> list[str]:
+    """Remove one agent process's files (its run settled; its sandbox lives on)."""
+    files = (paths.journal, paths.stderr, paths.lock, paths.nonce_file, paths.prompt_file)
+    return _sh(f"rm -f -- {' '.join(_q(f) for f in (*files, paths.env_file))}")
+
+
 def exists_argv(paths: JournalPaths) -> list[str]:
     return _sh(f"test -f {_q(paths.journal)}")
 

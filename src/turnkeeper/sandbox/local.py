@@ -319,6 +319,19 @@ class LocalProvider:
             ) from exc
         log.info("sandbox.destroyed", provider=self.name, sandbox=ref.id)
 
+    def stop(self, ref: SandboxRef) -> None:
+        root = self._owned_root(ref)
+        kill_recorded_groups(root)
+        try:
+            state = SandboxState.read(root)
+        except SandboxError:
+            state = SandboxState()
+        if state.cgroup is not None:
+            state.cgroup.kill()
+        with contextlib.suppress(FileNotFoundError):
+            (root / PROCS_FILE).unlink()
+        log.info("sandbox.stopped", provider=self.name, sandbox=ref.id)
+
     def _release(self, root: Path, state: SandboxState) -> None:
         """Give back what the sandbox held beyond its directory (a uid, for bwrap)."""
 

@@ -168,6 +168,11 @@ class SandboxProvider(Protocol):
         """Kill its processes and remove it; idempotent."""
         ...
 
+    def stop(self, ref: SandboxRef) -> None:
+        """Kill its processes and keep its files (a session's workspace, whose run was
+        cancelled); idempotent."""
+        ...
+
     def sweep(self) -> int:
         """Remove what destroyed sandboxes left behind on this host (cgroups, uid claims)."""
         ...

@@ -465,22 +465,35 @@ class SshProvider:
 
     def destroy(self, ref: SandboxRef) -> None:
         root = self._check(ref)
-        workspace = shlex.quote(ref.workspace)
-        # The writers' groups (the jail's pid namespace dies with its bwrap), then every
-        # process still working in the workspace: sshd does not end a session's command
-        # when its client goes away, so a dead worker leaves its ``tail -F`` behind.
-        in_workspace = shlex.quote(re.sub(r"([*?\[\\])", r"\\\1", ref.workspace))
-        script = (
-            f"if [ -f {root}/procs ]; then for pid in $(cat {root}/procs); do "
-            f'[ "$(readlink /proc/$pid/cwd)" = {workspace} ] && kill -s KILL -- -$pid; '
-            f"done; fi 2>/dev/null; "
-            f"for cwd in $(find /proc -mindepth 2 -maxdepth 2 -name cwd "
-            f"-lname {in_workspace} 2>/dev/null); do pid=${{cwd#/proc/}}; "
-            f"kill -s KILL ${{pid%/cwd}} 2>/dev/null; done; rm -rf -- {root}"
-        )
-        result = self.connection.run(script, timeout=60)
+        result = self.connection.run(f"{self._kill_script(ref)}; rm -rf -- {root}", timeout=60)
         if result.exit_code != 0:
             raise SandboxError(
                 "cannot remove the remote sandbox", reason="destroy-failed", sandbox=ref.id
             )
         log.info("sandbox.destroyed", provider=self.name, sandbox=ref.id)
+
+    def stop(self, ref: SandboxRef) -> None:
+        root = self._check(ref)
+        result = self.connection.run(f"{self._kill_script(ref)}; rm -f -- {root}/procs", timeout=60)
+        if result.exit_code != 0:
+            raise SandboxError(
+                "cannot stop the remote sandbox", reason="stop-failed", sandbox=ref.id
+            )
+        log.info("sandbox.stopped", provider=self.name, sandbox=ref.id)
+
+    def _kill_script(self, ref: SandboxRef) -> str:
+        """Shell code that kills the writers' groups (the jail's pid namespace dies with
+        its bwrap), then every process still working in the workspace: sshd does not end
+        a session's command when its client goes away, so a dead worker leaves its
+        ``tail -F`` behind."""
+        root = self._check(ref)
+        workspace = shlex.quote(ref.workspace)
+        in_workspace = shlex.quote(re.sub(r"([*?\[\\])", r"\\\1", ref.workspace))
+        return (
+            f"if [ -f {root}/procs ]; then for pid in $(cat {root}/procs); do "
+            f'[ "$(readlink /proc/$pid/cwd)" = {workspace} ] && kill -s KILL -- -$pid; '
+            f"done; fi 2>/dev/null; "
+            f"for cwd in $(find /proc -mindepth 2 -maxdepth 2 -name cwd "
+            f"-lname {in_workspace} 2>/dev/null); do pid=${{cwd#/proc/}}; "
+            f"kill -s KILL ${{pid%/cwd}} 2>/dev/null; done"
+        )

@@ -29,7 +29,7 @@ log = structlog.get_logger(__name__)
 MAX_RUNNING_RETRY_AFTER = 10
 
 
-def _session_lock_key(session_id: str) -> str:
+def session_lock_key(session_id: str) -> str:
     return f"turnkeeper.session:{session_id}"
 
 
@@ -67,7 +67,7 @@ class AdmissionMixin(StoreBase):
             "payload": document,
             "max_attempts": max_attempts,
             "deadline": seconds,
-            "lock_key": _session_lock_key(session_id),
+            "lock_key": session_lock_key(session_id),
             "key_name": key_name,
         }
         with self._db.transaction("admit_run", run_id=run_id) as tx:
@@ -107,7 +107,7 @@ class AdmissionMixin(StoreBase):
         the number of runs deleted. A replayed admission of one of them is refused.
         """
         check_id(session_id, "session_id")
-        params = {"session_id": session_id, "lock_key": _session_lock_key(session_id)}
+        params = {"session_id": session_id, "lock_key": session_lock_key(session_id)}
         with self._db.transaction("delete_session", session_id=session_id) as tx:
             tx.rows(q.LOCK_SESSION, params)
             busy = tx.scalar(q.BUSY_RUNS, params)

@@ -68,7 +68,8 @@ class MaintenanceMixin(StoreBase):
         return [Run.from_row(r) for r in rows]
 
     def stale_queued_runs(self, older_than: float, limit: int) -> list[Run]:
-        """Queued runs not dispatched (or admitted) within ``older_than`` seconds."""
+        """Queued runs that lead their session (no earlier run of it unsettled), not
+        dispatched (or admitted) within ``older_than`` seconds."""
         params = {
             "older_than": check_seconds(older_than, "older_than", allow_zero=True),
             "limit": check_limit(limit),
@@ -76,6 +77,19 @@ class MaintenanceMixin(StoreBase):
         return [
             Run.from_row(r) for r in self._db.rows("stale_queued_runs", q.STALE_QUEUED_RUNS, params)
         ]
+
+    def waiting_behind(self, run_id: str) -> int | None:
+        """How many unsettled runs of its session a queued run waits behind (0: it
+        starts next); None for a run that is not queued."""
+        params = {"run_id": check_id(run_id, "run_id")}
+        row = self._db.one("waiting_behind", q.WAITING_BEHIND, params)
+        return None if row is None else int(row["waiting_behind"])
+
+    def next_in_session(self, run_id: str) -> str | None:
+        """Once ``run_id`` is settled, the queued run of its session that leads now."""
+        params = {"run_id": check_id(run_id, "run_id")}
+        row = self._db.one("next_in_session", q.NEXT_IN_SESSION, params)
+        return None if row is None else str(row["run_id"])
 
     def mark_dispatched(self, run_id: str) -> bool:
         """Record that a task for this queued run was enqueued (now, on the DB clock)."""

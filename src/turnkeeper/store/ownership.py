@@ -26,6 +26,7 @@ from turnkeeper.store.records import (
     check_claim,
     check_id,
     check_limit,
+    check_optional_id,
     check_seconds,
     check_status,
     to_json,
@@ -232,8 +233,16 @@ class OwnershipMixin(StoreBase):
             log.info("run.expired", run_id=run.run_id, status=run.status, error=run.error)
         return runs
 
-    def settle_run(self, claim: Claim, status: RunStatus | str, error: Any = None) -> Verdict:
+    def settle_run(
+        self,
+        claim: Claim,
+        status: RunStatus | str,
+        error: Any = None,
+        *,
+        agent_session_id: str | None = None,
+    ) -> Verdict:
         """Record a terminal status; the first one wins, a stale attempt changes nothing.
+        ``agent_session_id``: the agent's own conversation id, for a follow-up to resume.
 
         Refused: WRONG_STATE when this attempt already settled the run with this
         status (a retry), else NOT_OWNER.
@@ -247,6 +256,7 @@ class OwnershipMixin(StoreBase):
             "attempt_id": claim.attempt_id,
             "status": terminal.value,
             "error": None if error is None else to_json(error, "error"),
+            "agent_session_id": check_optional_id(agent_session_id, "agent_session_id"),
         }
         if self._db.one("settle_run", q.SETTLE_RUN, params, run_id=claim.run_id) is None:
             # A settled run is nobody's, except to the retry of the very settle that
@@ -262,8 +272,11 @@ class OwnershipMixin(StoreBase):
         )
         return Verdict.DONE
 
-    def record_sandbox(self, claim: Claim, sandbox_ref: Mapping[str, Any]) -> Verdict:
-        """Remember where the run's sandbox lives, fenced by the attempt."""
+    def record_sandbox(
+        self, claim: Claim, sandbox_ref: Mapping[str, Any], *, keeps_workspace: bool = False
+    ) -> Verdict:
+        """Remember where the run's sandbox lives, fenced by the attempt; with
+        ``keeps_workspace``, in the same write, as its session's workspace."""
         check_claim(claim)
         if not isinstance(sandbox_ref, Mapping):
             raise InvalidInputError("sandbox_ref must be a mapping")
@@ -271,6 +284,7 @@ class OwnershipMixin(StoreBase):
             "run_id": claim.run_id,
             "attempt_id": claim.attempt_id,
             "sandbox_ref": to_json(dict(sandbox_ref), "sandbox_ref"),
+            "keeps_workspace": bool(keeps_workspace),
         }
         return self._owner_write("record_sandbox", q.RECORD_SANDBOX, params, claim)
 

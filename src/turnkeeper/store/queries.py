@@ -18,7 +18,7 @@ RUN_COLUMNS = (
     "run_id, seq, session_id, status, payload, attempt_id, epoch, owner, lease_expires_at, "
     "attempt_count, max_attempts, deadline, cancel_requested_at, sandbox_ref, created_at, "
     "started_at, finished_at, updated_at, error, dispatched_at, pruned_at, key_name, "
-    "handed_over_at, sandbox_host"
+    "handed_over_at, sandbox_host, agent_session_id"
 )
 SLOT_COLUMNS = (
     "run_id, attempt_id, turn_index, turn_id, phase, revision, journal_key, tool_request, "
@@ -92,7 +92,14 @@ _OWNER_ALIVE = Template("""EXISTS (
 
 # Fixed fragments shared by several statements. They are constants of this module,
 # never input: every value reaches the database as a bound parameter.
+# A session is idle once none of its runs is unsettled or settled within the TTL.
+SESSION_IDLE = """NOT EXISTS (
+    SELECT 1 FROM runs r WHERE r.session_id = s.session_id
+      AND (r.status IN ('queued', 'running')
+           OR r.finished_at > now() - make_interval(secs => CAST(:ttl AS double precision))))"""
+
 _FRAGMENTS = {
+    "session_idle": SESSION_IDLE,
     "run_columns": RUN_COLUMNS,
     "slot_columns": SLOT_COLUMNS,
     "entry_columns": ENTRY_COLUMNS,
@@ -429,7 +436,8 @@ SELECT $run_columns FROM settled ORDER BY seq
 SETTLE_RUN = _sql("""
 WITH settled AS (
     UPDATE runs SET status = :status, error = CAST(:error AS jsonb),
-        payload = payload $unsealed, finished_at = now(), updated_at = now()
+        payload = payload $unsealed, finished_at = now(), updated_at = now(),
+        agent_session_id = COALESCE(CAST(:agent_session_id AS text), agent_session_id)
     WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
     RETURNING run_id
 ), ended AS (
@@ -447,11 +455,26 @@ WHERE r.run_id = :run_id AND r.attempt_id = :attempt_id AND r.status = :status
 """)
 
 # The placement record's host is copied to a column, so per-host reads are indexed.
+# With ``:keeps_workspace`` the run's sandbox is its session's workspace too, in the same
+# write: the session names the sandbox its latest run's placement names, so a successor
+# finds the placement and the workspace decided together, or neither.
 RECORD_SANDBOX = text("""
-UPDATE runs SET sandbox_ref = CAST(:sandbox_ref AS jsonb),
-    sandbox_host = CAST(:sandbox_ref AS jsonb) ->> 'host', updated_at = now()
-WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
-RETURNING run_id
+WITH recorded AS (
+    UPDATE runs SET sandbox_ref = CAST(:sandbox_ref AS jsonb),
+        sandbox_host = CAST(:sandbox_ref AS jsonb) ->> 'host', updated_at = now()
+    WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
+    RETURNING run_id, session_id
+), workspace AS (
+    UPDATE sessions s SET
+        workspace = jsonb_build_object('sandbox', CAST(:sandbox_ref AS jsonb) -> 'sandbox'),
+        workspace_host = CAST(:sandbox_ref AS jsonb) ->> 'host'
+    FROM recorded
+    WHERE s.session_id = recorded.session_id AND CAST(:keeps_workspace AS boolean)
+      AND jsonb_typeof(CAST(:sandbox_ref AS jsonb) -> 'sandbox') = 'object'
+      AND s.workspace IS DISTINCT FROM
+          jsonb_build_object('sandbox', CAST(:sandbox_ref AS jsonb) -> 'sandbox')
+)
+SELECT run_id FROM recorded
 """)
 
 REQUEST_CANCEL = _sql("""
@@ -638,6 +661,24 @@ WITH RECURSIVE path AS (
 SELECT $entry_columns FROM path ORDER BY depth DESC
 """)
 
+SESSION_ENTRIES = _sql("""
+SELECT $entry_columns FROM transcript_entries WHERE session_id = :session_id ORDER BY position
+""")
+
+# The entries from the root to one entry of the session (what a follow-up from it saw).
+PATH_TO_ENTRY = _sql("""
+WITH RECURSIVE path AS (
+    SELECT $e_entry_columns, 0 AS depth
+    FROM transcript_entries e
+    WHERE e.session_id = :session_id AND e.entry_id = :entry_id
+    UNION ALL
+    SELECT $e_entry_columns, p.depth + 1
+    FROM transcript_entries e JOIN path p
+        ON e.session_id = p.session_id AND e.entry_id = p.parent_id
+)
+SELECT $entry_columns FROM path ORDER BY depth DESC
+""")
+
 # --- sessions --------------------------------------------------------------------------
 
 BUSY_RUNS = text("""
@@ -668,6 +709,43 @@ ON CONFLICT (session_id) DO UPDATE SET deleted_at = now()
 """)
 
 SESSION_TENANT = text("SELECT key_name FROM sessions WHERE session_id = :session_id")
+
+# --- session workspaces (docs/architecture.md, "Session workspaces") -------------------
+
+SESSION_WORKSPACE = text("""
+SELECT workspace, workspace_host FROM sessions WHERE session_id = :session_id
+""")
+
+# The workspaces of idle sessions, on the host's share as RUNS_TO_REAP splits it.
+IDLE_WORKSPACES = _sql("""
+SELECT s.session_id, s.workspace -> 'sandbox' AS sandbox FROM sessions s
+WHERE jsonb_typeof(s.workspace -> 'sandbox') = 'object'
+  AND CASE WHEN CAST(:host AS text) IS NULL
+      THEN s.workspace_host IS NULL
+           OR NOT (s.workspace -> 'sandbox' ->> 'provider') = ANY(CAST(:host_local AS text[]))
+      ELSE s.workspace_host = :host
+           AND (s.workspace -> 'sandbox' ->> 'provider') = ANY(CAST(:host_local AS text[]))
+      END
+  AND $session_idle
+ORDER BY s.updated_at
+LIMIT :limit
+""")
+
+# Run under the session's advisory lock (LOCK_SESSION), which admission takes too: a
+# run admitted after this commits finds the workspace gone, one admitted before keeps
+# the session busy, so no run is ever handed a workspace the reaper is destroying.
+RETIRE_WORKSPACE = _sql("""
+UPDATE sessions s SET workspace = jsonb_build_object('sandbox', NULL, 'gone', 'expired'),
+    workspace_host = NULL
+WHERE s.session_id = :session_id AND s.workspace -> 'sandbox' ->> 'id' = :sandbox_id
+  AND $session_idle
+RETURNING s.session_id
+""")
+
+KEPT_WORKSPACES = text("""
+SELECT workspace -> 'sandbox' ->> 'id' AS sandbox_id FROM sessions
+WHERE jsonb_typeof(workspace -> 'sandbox') = 'object'
+""")
 
 # --- API keys --------------------------------------------------------------------------
 
@@ -727,13 +805,40 @@ ORDER BY lease_expires_at, seq
 LIMIT :limit
 """)
 
+# A run queued behind an earlier unsettled run of its session is waiting, not stale:
+# the settle of the run ahead starts it (NEXT_IN_SESSION), or this sweep once it leads.
 STALE_QUEUED_RUNS = _sql("""
-SELECT $run_columns FROM runs
-WHERE status = 'queued'
-  AND COALESCE(dispatched_at, created_at)
+SELECT $run_columns FROM runs r
+WHERE r.status = 'queued'
+  AND COALESCE(r.dispatched_at, r.created_at)
       < now() - make_interval(secs => CAST(:older_than AS double precision))
-ORDER BY seq
+  AND NOT EXISTS (
+      SELECT 1 FROM runs e
+      WHERE e.session_id = r.session_id AND e.seq < r.seq
+        AND e.status IN ('queued', 'running'))
+ORDER BY r.seq
 LIMIT :limit
+""")
+
+# How many unsettled runs of its session a queued run waits behind (0: it leads).
+WAITING_BEHIND = text("""
+SELECT (SELECT count(*) FROM runs e
+        WHERE e.session_id = r.session_id AND e.seq < r.seq
+          AND e.status IN ('queued', 'running')) AS waiting_behind
+FROM runs r WHERE r.run_id = :run_id AND r.status = 'queued'
+""")
+
+# The queued run of a settled run's session that leads now: the one to start.
+NEXT_IN_SESSION = text("""
+SELECT n.run_id FROM runs r JOIN runs n ON n.session_id = r.session_id
+WHERE r.run_id = :run_id AND r.status IN ('completed', 'failed', 'aborted')
+  AND n.status = 'queued'
+  AND NOT EXISTS (
+      SELECT 1 FROM runs e
+      WHERE e.session_id = n.session_id AND e.seq < n.seq
+        AND e.status IN ('queued', 'running'))
+ORDER BY n.seq
+LIMIT 1
 """)
 
 MARK_DISPATCHED = text("""

@@ -108,10 +108,19 @@ class Run:
     """Set while the run awaits a worker's adoption of its new attempt (no lease runs)."""
     sandbox_host: str | None = None
     """The host that made the run's sandbox (``hosts.py``); None before it has one."""
+    agent_session_id: str | None = None
+    """The agent's own conversation id its output reported, recorded at the settle."""
 
     @property
     def awaiting_adoption(self) -> bool:
         return self.handed_over_at is not None
+
+    @property
+    def keeps_workspace(self) -> bool:
+        """A run of a named session works in its session's workspace, which outlives it;
+        a run submitted without one (its session id is its run id) has a sandbox of its
+        own, destroyed once it settled (docs/architecture.md, "Session workspaces")."""
+        return self.session_id != self.run_id
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Run:

@@ -57,6 +57,17 @@ sessions = sa.Table(
     sa.Column("updated_at", _TS, nullable=False, server_default=_NOW),
     # The tenant: the key whose first run opened the session (NULL: a trusted client).
     sa.Column("key_name", sa.Text, sa.ForeignKey("api_keys.name"), nullable=True),
+    # The session's workspace (docs/architecture.md, "Session workspaces"): the sandbox
+    # its runs share, {"sandbox": ref} as its latest run's placement names it, or
+    # {"sandbox": null, "gone": reason} once the reaper destroyed it; and the host that
+    # made it (where a host-local one lives).
+    sa.Column("workspace", JSONB, nullable=True),
+    sa.Column("workspace_host", sa.Text, nullable=True),
+    sa.Index(
+        "ix_sessions_workspace_host",
+        "workspace_host",
+        postgresql_where=sa.text("jsonb_typeof(workspace -> 'sandbox') = 'object'"),
+    ),
 )
 
 runs = sa.Table(
@@ -98,6 +109,9 @@ runs = sa.Table(
     # record's "host", copied by the statement that records it): where a host-local
     # sandbox lives, so its takeover, reap and signals go to that host.
     sa.Column("sandbox_host", sa.Text, nullable=True),
+    # The agent's own conversation id (Claude Code's session id, Codex's thread id), as
+    # its output reported it, recorded when the run settled: what a follow-up resumes.
+    sa.Column("agent_session_id", sa.Text, nullable=True),
     sa.CheckConstraint(_one_of("status", RUN_STATUSES), name="status"),
     sa.CheckConstraint("max_attempts >= 1", name="max_attempts"),
     sa.CheckConstraint(

@@ -1,7 +1,8 @@
 """The ``Store``: the primitives that decide who owns a run and how far its turns got.
 
 One class, assembled from one part per area (admission, ownership, turn slots and
-segments, transcript, maintenance, API keys, hosts) that share the pooled ``Database``.
+segments, transcript, maintenance, API keys, hosts, session workspaces) that share
+the pooled ``Database``.
 Every owner write is fenced by the attempt id in the statement itself; a refusal
 is a ``False`` or ``None``, never an exception. Database trouble becomes a
 ``StoreUnavailableError`` (retryable); any other driver failure a ``StoreError``.
@@ -18,6 +19,7 @@ from turnkeeper.store.maintenance import MaintenanceMixin
 from turnkeeper.store.ownership import OwnershipMixin
 from turnkeeper.store.transcript import TranscriptMixin
 from turnkeeper.store.turns import TurnsMixin
+from turnkeeper.store.workspaces import WorkspacesMixin
 
 
 class Store(
@@ -28,6 +30,7 @@ class Store(
     MaintenanceMixin,
     KeysMixin,
     HostsMixin,
+    WorkspacesMixin,
 ):
     """A pooled, thread-safe handle on the run store. Create one per process (after fork)."""
 

@@ -24,6 +24,13 @@ from turnkeeper.store.records import (
 )
 
 
+class _Leaf:
+    """``under``'s default: the chain goes under the expected leaf."""
+
+
+_LEAF = _Leaf()
+
+
 class _EntryIdTakenError(Exception):
     """Internal: an entry id of the chain exists; the transaction must roll back."""
 
@@ -37,8 +44,13 @@ class TranscriptMixin(StoreBase):
         session_id: str,
         entries: Sequence[NewEntry],
         expected_leaf: str | None,
+        *,
+        under: str | _Leaf | None = _LEAF,
     ) -> str | None:
         """Append a chain of entries under ``expected_leaf`` and move the leaf to its end.
+
+        ``under``: an earlier entry to append under instead (a branch); the leaf moves
+        from ``expected_leaf`` to the chain's end all the same.
 
         One transaction, fenced by the attempt and by a compare-and-set on the leaf.
         Returns the new leaf; None for a stale attempt. A replay of an append that
@@ -48,7 +60,8 @@ class TranscriptMixin(StoreBase):
         check_claim(claim)
         check_id(session_id, "session_id")
         check_optional_id(expected_leaf, "expected_leaf")
-        chain = self._chain(entries, expected_leaf)
+        parent = expected_leaf if isinstance(under, _Leaf) else check_optional_id(under, "under")
+        chain = self._chain(entries, parent)
         new_leaf = chain[-1]["entry_id"]
         params = {
             "run_id": claim.run_id,
@@ -152,6 +165,21 @@ class TranscriptMixin(StoreBase):
         }
         row = self._db.one("entry_parent", q.STORED_ENTRIES, params)
         return (False, None) if row is None else (True, row["parent_id"])
+
+    def session_entries(self, session_id: str) -> list[TranscriptEntry]:
+        """Every entry of the session's tree, in the order they were stored."""
+        params = {"session_id": check_id(session_id, "session_id")}
+        rows = self._db.rows("session_entries", q.SESSION_ENTRIES, params)
+        return [TranscriptEntry.from_row(r) for r in rows]
+
+    def path_to(self, session_id: str, entry_id: str) -> list[TranscriptEntry]:
+        """The entries from the root to ``entry_id`` (empty when it is not stored)."""
+        params = {
+            "session_id": check_id(session_id, "session_id"),
+            "entry_id": check_id(entry_id, "entry_id"),
+        }
+        rows = self._db.rows("path_to", q.PATH_TO_ENTRY, params)
+        return [TranscriptEntry.from_row(r) for r in rows]
 
     def active_path(self, session_id: str) -> list[TranscriptEntry]:
         """The entries from the root to the session's leaf."""

@@ -31,7 +31,8 @@ from turnkeeper.errors import (
 )
 from turnkeeper.hosts import fleet_view
 from turnkeeper.log.quota import STREAM_RENEW_SECONDS
-from turnkeeper.store.records import Run, check_id
+from turnkeeper.store.records import Run, RunStatus, check_id
+from turnkeeper.store.store import Store
 from turnkeeper.web import sse
 from turnkeeper.web.auth import Principal, authenticate, bearer_key, require_visible
 from turnkeeper.web.views import entry_view, events_path, run_view
@@ -47,17 +48,22 @@ _COUNT = re.compile(r"[0-9]{1,7}")
 Caller = Annotated[Principal, Depends(authenticate)]
 
 
-class SubmitRequest(BaseModel):
-    """The body of ``POST /runs``. ``agent`` names an agent of the catalog; an inline
-    spec (an object) needs a key created with ``--allow-commands``. The other fields
-    can only tighten what the catalog and the settings allow."""
+class SessionRunRequest(BaseModel):
+    """The body of ``POST /sessions/{session_id}/runs``, a message of the session.
+    ``agent`` names an agent of the catalog; an inline spec (an object) needs a key
+    created with ``--allow-commands``. The other fields can only tighten what the
+    catalog and the settings allow."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
     agent: str | dict[str, Any] = Field(description="A catalog name, or an inline agent spec.")
     prompt: str
-    session_id: str | None = None
     run_id: str | None = None
+    parent_entry_id: str | None = Field(
+        default=None,
+        description="An earlier transcript entry the message follows instead of the latest "
+        "(a branch: a retry, an edited message).",
+    )
     env: dict[str, str] | None = None
     provider: Literal["local", "bwrap", "ssh"] | None = None
     max_attempts: int | None = Field(default=None, ge=1)
@@ -73,6 +79,13 @@ class SubmitRequest(BaseModel):
                 "lone_surrogate", "a string of the body holds a lone UTF-16 surrogate"
             )
         return data
+
+
+class SubmitRequest(SessionRunRequest):
+    """The body of ``POST /runs``: a run of ``session_id`` (a session of its own when
+    None)."""
+
+    session_id: str | None = None
 
 
 def _has_lone_surrogate(value: Any) -> bool:
@@ -109,6 +122,7 @@ def api_router(*, ping_seconds: float) -> APIRouter:
     # The event route first: `/runs/{run_id:path}` would otherwise swallow `.../events`.
     _add_event_route(api, ping_seconds=ping_seconds)
     _add_run_routes(api)
+    _add_session_routes(api)
     _add_service_routes(api)
     return api
 
@@ -121,10 +135,16 @@ def _state(request: Request) -> WebState:
 def _described(request: Request, run: Run) -> dict[str, Any]:
     state = _state(request)
     store = state.client.store
-    view = run_view(run, store.get_turn_slot(run.run_id), store.database_now())
+    view = run_view(
+        run, store.get_turn_slot(run.run_id), store.database_now(), _waiting_behind(store, run)
+    )
     token = state.tokens.issue(run.run_id)
     view["stream_url"] = events_path(request.scope.get("root_path", ""), run.run_id, token)
     return view
+
+
+def _waiting_behind(store: Store, run: Run) -> int | None:
+    return store.waiting_behind(run.run_id) if run.status is RunStatus.QUEUED else None
 
 
 def _visible_run(request: Request, principal: Principal, run_id: str) -> Run:
@@ -132,36 +152,48 @@ def _visible_run(request: Request, principal: Principal, run_id: str) -> Run:
     return require_visible(principal, _state(request).client.get(run_id), run_id)
 
 
+def submit(request: Request, principal: Principal, body: SubmitRequest) -> dict[str, Any]:
+    """Admit ``body`` as the principal's run (the catalog, the key's rights and its rate
+    decide), enqueue it, and describe it with its stream URL."""
+    state = _state(request)
+    checked = (
+        (body.run_id, "run_id"),
+        (body.session_id, "session_id"),
+        (body.parent_entry_id, "parent_entry_id"),
+    )
+    for value, what in checked:
+        if value is not None:
+            check_id(value, what)
+    admission = state.catalog.admit(
+        body.agent,
+        allow_commands=principal.allow_commands,
+        env=body.env,
+        provider=body.provider,
+        timeout=body.timeout,
+        max_attempts=body.max_attempts,
+    )
+    state.submit_rate.take(principal.name)  # what would be admitted counts, not refusals
+    run = state.client.submit(
+        admission.agent,
+        body.prompt,
+        session_id=body.session_id,
+        run_id=body.run_id,
+        env=admission.env,
+        provider=admission.provider,
+        max_attempts=admission.max_attempts,
+        timeout=admission.timeout,
+        key_name=principal.name,
+        from_entry=body.parent_entry_id,
+    )
+    log.info("web.run.submitted", run_id=run.run_id, key_name=principal.name)
+    return _described(request, run)
+
+
 def _add_run_routes(api: APIRouter) -> None:
     @api.post("/runs", status_code=201, tags=["runs"])
     def submit_run(body: SubmitRequest, request: Request, principal: Caller) -> dict[str, Any]:
         """Admit a run and enqueue it; idempotent by ``run_id``. Returns it with its stream URL."""
-        state = _state(request)
-        for value, what in ((body.run_id, "run_id"), (body.session_id, "session_id")):
-            if value is not None:
-                check_id(value, what)
-        admission = state.catalog.admit(
-            body.agent,
-            allow_commands=principal.allow_commands,
-            env=body.env,
-            provider=body.provider,
-            timeout=body.timeout,
-            max_attempts=body.max_attempts,
-        )
-        state.submit_rate.take(principal.name)  # what would be admitted counts, not refusals
-        run = state.client.submit(
-            admission.agent,
-            body.prompt,
-            session_id=body.session_id,
-            run_id=body.run_id,
-            env=admission.env,
-            provider=admission.provider,
-            max_attempts=admission.max_attempts,
-            timeout=admission.timeout,
-            key_name=principal.name,
-        )
-        log.info("web.run.submitted", run_id=run.run_id, key_name=principal.name)
-        return _described(request, run)
+        return submit(request, principal, body)
 
     @api.get("/runs", tags=["runs"])
     def list_runs(
@@ -180,7 +212,11 @@ def _add_run_routes(api: APIRouter) -> None:
             status=status, session_id=session_id, key_name=principal.tenant_filter, limit=count
         )
         now = client.store.database_now()
-        views = [run_view(run, client.store.get_turn_slot(run.run_id), now) for run in runs]
+        store = client.store
+        views = [
+            run_view(run, store.get_turn_slot(run.run_id), now, _waiting_behind(store, run))
+            for run in runs
+        ]
         return {"runs": views, "now": now.isoformat()}
 
     @api.post("/runs/{run_id:path}/cancel", tags=["runs"])
@@ -206,6 +242,56 @@ def _add_run_routes(api: APIRouter) -> None:
             )
         entries = client.transcript(session_id)
         return {"session_id": session_id, "entries": [entry_view(e) for e in entries]}
+
+
+def _visible_session(request: Request, principal: Principal, session_id: str) -> bool:
+    """Whether the session exists; the same 404 for one of another tenant's as for none."""
+    check_id(session_id, "session_id")
+    exists, tenant = _state(request).client.store.session_tenant(session_id)
+    if exists and not principal.sees(tenant):
+        raise SessionNotFoundError(f"no session has the id {session_id!r}", session_id=session_id)
+    return exists
+
+
+def _add_session_routes(api: APIRouter) -> None:
+    @api.post("/sessions/{session_id:path}/runs", status_code=201, tags=["sessions"])
+    def send(
+        session_id: str, body: SessionRunRequest, request: Request, principal: Caller
+    ) -> dict[str, Any]:
+        """A message of the session: a run that continues its conversation, queued
+        behind the session's active run (``waiting_behind``); the first one opens the
+        session. Idempotent by ``run_id``."""
+        _visible_session(request, principal, session_id)
+        return submit(request, principal, SubmitRequest(**dict(body), session_id=session_id))
+
+    @api.get("/sessions/{session_id:path}", tags=["sessions"])
+    def session(session_id: str, request: Request, principal: Caller) -> dict[str, Any]:
+        """The session's transcript tree (every entry, oldest first, each with its parent
+        and whether it is on the active path, root to leaf) and its runs, oldest first."""
+        if not _visible_session(request, principal, session_id):
+            raise SessionNotFoundError(
+                f"no session has the id {session_id!r}", session_id=session_id
+            )
+        client = _state(request).client
+        store = client.store
+        active = [entry.entry_id for entry in client.transcript(session_id)]
+        on_path = set(active)
+        entries = [
+            {**entry_view(entry), "active": entry.entry_id in on_path}
+            for entry in store.session_entries(session_id)
+        ]
+        runs = client.list_runs(session_id=session_id, key_name=principal.tenant_filter, limit=1000)
+        now = store.database_now()
+        return {
+            "session_id": session_id,
+            "leaf_id": active[-1] if active else None,
+            "active_path": active,
+            "entries": entries,
+            "runs": [
+                run_view(run, store.get_turn_slot(run.run_id), now, _waiting_behind(store, run))
+                for run in reversed(runs)
+            ],
+        }
 
 
 def _add_event_route(api: APIRouter, *, ping_seconds: float) -> None:

@@ -13,8 +13,12 @@ def iso(value: datetime | None) -> str | None:
     return value.astimezone(UTC).isoformat() if value else None
 
 
-def run_view(run: Run, journal: TurnSlot | None, now: datetime) -> dict[str, Any]:
-    """A run for operators: status, phase, epoch, attempts, owner and the lease on the DB clock.
+def run_view(
+    run: Run, journal: TurnSlot | None, now: datetime, waiting_behind: int | None = None
+) -> dict[str, Any]:
+    """A run for operators: status, phase, epoch, attempts, owner and the lease on the DB
+    clock; for a queued run, how many runs of its session it waits behind (0: it starts
+    next).
 
     Never its payload (the prompt and sealed env) nor its sandbox placement, which
     holds each agent process's sentinel nonce."""
@@ -39,6 +43,7 @@ def run_view(run: Run, journal: TurnSlot | None, now: datetime) -> dict[str, Any
         "started_at": iso(run.started_at),
         "finished_at": iso(run.finished_at),
         "error": run.error,
+        "waiting_behind": waiting_behind,
     }
 
 

@@ -1,0 +1,69 @@
+"""What a follow-up continues: the session's conversation before the run's input.
+
+A run of a session appends its input under the session's leaf; everything from the
+root to that parent is the conversation it follows up (docs/architecture.md,
+"Follow-ups"). An agent that resumes conversations of its own (Claude Code, Codex)
+gets the id the run that wrote that parent reported, when it ran the same agent; the
+scripted agent gets the earlier turns in its prompt. Both are read from Postgres, so
+a successor makes the same decision and hands the agent the same bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from turnkeeper.agents.spec import safe_session_id
+from turnkeeper.store.records import Run, TranscriptEntry
+from turnkeeper.store.store import Store
+
+HISTORY_HEADING = "Earlier in this conversation:"
+
+
+@dataclass(frozen=True)
+class FollowUp:
+    """The conversation a run follows up: its entries, oldest first, and the agent's own
+    conversation id to resume, when the run before ran the same agent and said one."""
+
+    history: list[TranscriptEntry]
+    agent_session_id: str | None
+
+    @classmethod
+    def of(cls, store: Store, run: Run, parent: str | None) -> FollowUp | None:
+        """None for a run that starts its session's conversation."""
+        if parent is None:
+            return None
+        history = store.path_to(run.session_id, parent)
+        if not history:
+            return None
+        previous = store.get_run(history[-1].run_id)
+        same_agent = previous is not None and _agent(previous) == _agent(run)
+        resumable = safe_session_id(previous.agent_session_id) if previous and same_agent else None
+        return cls(history, resumable)
+
+    def prompt(self, prompt: str) -> str:
+        """The prompt of an agent that recalls the transcript: the new message, then
+        what was said before it, one line per message, oldest first."""
+        lines = [prompt, "", HISTORY_HEADING]
+        for entry in self.history:
+            lines.extend(_said(entry))
+        return "\n".join(lines)
+
+
+def _agent(run: Run) -> Any:
+    payload = run.payload if isinstance(run.payload, dict) else {}
+    return payload.get("agent", "scripted")
+
+
+def _said(entry: TranscriptEntry) -> list[str]:
+    body = entry.body if isinstance(entry.body, dict) else {}
+    if entry.kind == "user":
+        return [f"user: {_one_line(body.get('prompt'))}"]
+    if entry.kind == "assistant":
+        texts = [m.get("text") for m in body.get("messages", []) if isinstance(m, dict)]
+        return [f"assistant: {_one_line(text)}" for text in texts if text]
+    return []
+
+
+def _one_line(value: object) -> str:
+    return " ".join(str(value or "").split())
