@@ -174,3 +174,114 @@ def test_the_login_page_only_ever_goes_on_to_a_page_of_this_site(
         page.wait_for_url(lambda url: "/login" not in url)
         landed.append(page.url.removeprefix(web.base_url))
     assert landed == ["/ui/runs/r%201?x=1", "/", "/", "/", "/", "/", "/%5Cevil.example/"]
+
+
+def _turns(fleet: Fleet, run_id: str) -> list[tuple[str, str]]:
+    """A run's turns as its log says them, in the page's words: each turn's messages, then
+    its tool calls (``⏺ name args``), then their results. A turn ends when every call it
+    made has its result (or with the log)."""
+    shown: list[tuple[str, str]] = []
+    texts: dict[str, str] = {}
+    calls: dict[str, list[str]] = {}
+    results: list[str] = []
+
+    def close_turn() -> None:
+        shown.extend(("assistant", text) for text in texts.values())
+        shown.extend(("tool-call", f"⏺ {name} {args}") for name, args in calls.values())
+        shown.extend(("tool-result", content) for content in results)
+        texts.clear()
+        calls.clear()
+        results.clear()
+
+    for _, chunk in fleet.log_of(run_id):
+        kind = chunk["type"]
+        if kind == "TEXT_MESSAGE_START":
+            texts.setdefault(chunk["messageId"], "")
+        elif kind == "TEXT_MESSAGE_CONTENT":
+            texts[chunk["messageId"]] = texts.get(chunk["messageId"], "") + chunk["delta"]
+        elif kind == "TOOL_CALL_START":
+            calls[chunk["toolCallId"]] = [chunk["toolCallName"], ""]
+        elif kind == "TOOL_CALL_ARGS":
+            calls[chunk["toolCallId"]][1] += chunk["delta"]
+        elif kind == "TOOL_CALL_RESULT":
+            results.append(chunk["content"])
+            if len(results) == len(calls):
+                close_turn()
+    close_turn()
+    return shown
+
+
+def _shown(page: Any) -> list[tuple[str, str]]:
+    cells = page.eval_on_selector_all(
+        "#conversation [data-kind]", "nodes => nodes.map(n => [n.dataset.kind, n.textContent])"
+    )
+    return [(str(kind), str(text)) for kind, text in cells]
+
+
+def test_the_session_page_shows_the_active_path_and_switches_to_another_branch(
+    fleet: Fleet, web: WebServer, api_keys: ApiKeys, http: httpx.Client, page: Any
+) -> None:
+    """Two runs of a session, the second branched from the first entry (the first prompt):
+    the page shows the active path (prompt 1, prompt 2, run 2's turns) and, switched at the
+    branch point, the first run's path (prompt 1, run 1's turns); then a 404 and a 401."""
+    session = "chat/1 ü"  # a slash, a space and a non-ASCII letter in the page's URL
+    agent = {"preset": "scripted", "turns": 2, "pace": 0.01, "seed": 3}
+    sent = (("s1", "first question", None), ("s2", "second try", "s1/input"))
+    for run_id, prompt, parent in sent:
+        body = {"agent": agent, "prompt": prompt, "run_id": run_id, "parent_entry_id": parent}
+        response = http.post(f"/sessions/{quote(session, safe='')}/runs", json=body)
+        assert response.status_code == 201, response.text
+        fleet.wait_settled(run_id)
+    first, second = _turns(fleet, "s1"), _turns(fleet, "s2")
+    turn_shape = ["assistant", "tool-call", "tool-result"] * 2 + ["assistant"]
+    assert [kind for kind, _ in first] == [kind for kind, _ in second] == turn_shape
+
+    page.goto("/login")
+    _sign_in(page, api_keys.alice)
+    page.wait_for_url(f"{web.base_url}/")
+    page.goto(f"/ui/runs/{quote('s2', safe='')}")
+    page.locator("#session-link").click()  # the run page links to its session's page
+    page.wait_for_url(f"**/ui/sessions/{quote(session, safe='')}")
+    page.wait_for_selector("#conversation[data-loaded='settled']")
+    active_leaf = fleet.client.transcript(session)[-1].entry_id
+    assert page.locator("#conversation").get_attribute("data-leaf") == active_leaf
+    assert _shown(page) == [("user", "first question"), ("user", "second try"), *second]
+    assert page.locator("#session-runs [data-run-id]").evaluate_all(
+        "cells => cells.map(c => c.dataset.runId)"
+    ) == ["s1", "s2"]
+    branch = page.locator('.branch[data-parent-id="s1/input"] .branch-choice')
+    assert branch.all_inner_texts() == [
+        "run s1: assistant",
+        "run s2: “second try” (active)",
+    ]
+    assert branch.evaluate_all("bs => bs.map(b => b.getAttribute('aria-pressed'))") == [
+        "false",
+        "true",
+    ]
+
+    branch.first.click()  # the first run's own reply to the first prompt
+    page.wait_for_selector("#conversation[data-active-path='false']")
+    s1_leaf = [e.entry_id for e in fleet.client.store.session_entries(session) if e.run_id == "s1"]
+    assert page.locator("#conversation").get_attribute("data-leaf") == s1_leaf[-1]
+    assert _shown(page) == [("user", "first question"), *first]
+    assert branch.evaluate_all("bs => bs.map(b => b.getAttribute('aria-pressed'))") == [
+        "true",
+        "false",
+    ]
+    assert "display only" in page.locator("#branch-state").inner_text()
+    assert fleet.client.transcript(session)[-1].entry_id == active_leaf  # the leaf stayed
+
+    page.locator('.branch-choice[data-entry-id="s2/input"]').click()  # and back
+    page.wait_for_selector("#conversation[data-active-path='true']")
+    assert _shown(page) == [("user", "first question"), ("user", "second try"), *second]
+
+    page.goto(f"/ui/sessions/{quote('no such session', safe='')}")
+    page.wait_for_selector("#session-error")
+    assert page.locator("#session-error").inner_text() == (
+        "No session “no such session” is visible to this key: it does not exist, "
+        "or another key owns it."
+    )
+    fleet.client.store.revoke_key("alice")
+    page.goto(f"/ui/sessions/{quote(session, safe='')}")  # a 401: back to the login page
+    page_path = f"/ui/sessions/{quote(session, safe='')}"
+    page.wait_for_url(f"**/login?next={quote(page_path, safe='')}")

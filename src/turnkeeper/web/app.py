@@ -281,3 +281,8 @@ def _add_dashboard(app: FastAPI) -> None:
     def run_page(run_id: str) -> FileResponse:
         check_id(run_id, "run_id")
         return FileResponse(STATIC_DIR / "run.html", headers=no_store)
+
+    @app.get("/ui/sessions/{session_id:path}", include_in_schema=False)
+    def session_page(session_id: str) -> FileResponse:
+        check_id(session_id, "session_id")
+        return FileResponse(STATIC_DIR / "session.html", headers=no_store)

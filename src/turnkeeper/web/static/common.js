@@ -48,7 +48,11 @@ async function getJSON(url) {
     throw new Error("the key was refused");
   }
   const body = await response.json();
-  if (!response.ok) throw new Error(body.error || `HTTP ${response.status}`);
+  if (!response.ok) {
+    const refused = new Error(body.error || `HTTP ${response.status}`);
+    refused.status = response.status;  // a page may say more about a 404 than its text
+    throw refused;
+  }
   return body;
 }
 

@@ -124,13 +124,17 @@ function showSummary(run) {
   const fields = [
     ["status", run.status], ["phase", run.phase || "-"], ["epoch", run.epoch],
     ["attempts", `${run.attempt_count}/${run.max_attempts}`], ["owner", run.owner || "-"],
-    ["lease", leaseText(run)], ["session", run.session_id],
+    ["lease", leaseText(run)],
   ];
   const cells = fields.map(([name, value]) => {
     const cell = el("div", { "data-field": name });
     cell.append(el("span", {}, name), document.createTextNode(String(value)));
     return cell;
   });
+  const session = el("div", { "data-field": "session" });
+  const href = `/ui/sessions/${encodeURIComponent(run.session_id)}`;
+  session.append(el("span", {}, "session"), el("a", { href, id: "session-link" }, run.session_id));
+  cells.push(session);
   document.getElementById("summary").replaceChildren(...cells);
 }
 
