@@ -245,7 +245,8 @@ def test_every_route_needs_a_live_key(target: Target, fleet: Fleet) -> None:
     }
     # What needs no key: the health check and the dashboard's pages, which hold no data.
     with target.http() as anonymous:
-        for url in ("/healthz", "/", "/login", "/static/common.js", f"/ui/runs/{V}"):
+        pages = (f"/ui/runs/{V}", f"/ui/sessions/{V}", "/static/session.js")
+        for url in ("/healthz", "/", "/login", "/static/common.js", *pages):
             assert anonymous.get(url).status_code == 200, url
 
 
