@@ -26,7 +26,8 @@ def test_demo_kills_a_worker_and_every_check_passes(tmp_path: Path) -> None:
     )
     out = done.stdout
     assert done.returncode == 0, f"{out}\n{done.stderr[-4000:]}"
-    assert re.search(r"✗ SIGKILL worker process group \d+ \(owner .+:\d+, epoch 1\)", out), out
+    killed = r"✗ SIGKILL worker process group \d+ \(owner .+:\d+:[0-9a-f]+, epoch 1\)"
+    assert re.search(killed, out), out
     assert re.search(
         r"⟳ takeover: epoch 1 → 2 \d+ ms after the kill \(cause crash, lease 30s\)", out
     ), out
