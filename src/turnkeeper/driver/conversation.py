@@ -36,7 +36,7 @@ class FollowUp:
         history = store.path_to(run.session_id, parent)
         if not history:
             return None
-        previous = store.get_run(history[-1].run_id)
+        previous = _last_heard(store, history)
         same_agent = previous is not None and _agent(previous) == _agent(run)
         resumable = safe_session_id(previous.agent_session_id) if previous and same_agent else None
         return cls(history, resumable)
@@ -48,6 +48,19 @@ class FollowUp:
         for entry in self.history:
             lines.extend(_said(entry))
         return "\n".join(lines)
+
+
+def _last_heard(store: Store, history: list[TranscriptEntry]) -> Run | None:
+    """The latest run on the path that reached its agent's conversation: a run that
+    reported no conversation id and recorded nothing but its input (cancelled, or
+    failed, before the agent started) is passed over, so the message after it still
+    resumes the conversation before it instead of starting a new one."""
+    spoke = {entry.run_id for entry in history if entry.kind != "user"}
+    for run_id in dict.fromkeys(entry.run_id for entry in reversed(history)):
+        run = store.get_run(run_id)
+        if run is None or run.agent_session_id is not None or run_id in spoke:
+            return run
+    return None
 
 
 def _agent(run: Run) -> Any:
