@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 
 from tests.driver.fleet import Fleet, expected_log, follow_up_prompt
+from turnkeeper.agents.spec import AgentSpec
 from turnkeeper.errors import AgentError, InvalidInputError
 from turnkeeper.store.records import RunStatus
+from turnkeeper.tasks import enqueue_run
 
 AGENT: dict[str, Any] = {"preset": "scripted", "turns": 1, "pace": 0.01, "seed": 4}
 
@@ -66,3 +68,37 @@ def test_a_branch_is_refused_where_the_agent_cannot_fork(fleet: Fleet) -> None:
     assert unknown.value.reason == "unknown-entry"
     assert fleet.client.list_runs(session_id="chat") == before, "nothing admitted"
     assert [e.entry_id for e in fleet.client.transcript("chat")] == entries
+
+
+def test_a_branch_whose_entry_stopped_being_the_leaf_after_its_submit_is_refused_at_start(
+    fleet: Fleet,
+) -> None:
+    """Codex cannot fork a thread, so a branch of it is allowed only from the session's
+    leaf while the session is settled. That check runs at submit, outside the
+    admission's session lock: a plain message admitted between the check and the
+    branch's admission runs first and moves the leaf, and the branch then resumed a
+    thread holding that message, which its branch does not. The worker checks again
+    before it records the input; here the branch is admitted as if its check had
+    passed before the plain message was."""
+    fleet.start_worker()
+    chat = fleet.client.session("chat", agent=AGENT)
+    for run_id in ("t1", "t2"):
+        chat.send("write the notes", run_id=run_id)
+        assert fleet.wait_settled(run_id).status is RunStatus.COMPLETED
+    end_of_1 = [e.entry_id for e in fleet.client.transcript("chat") if e.run_id == "t1"][-1]
+    path = [e.entry_id for e in fleet.client.transcript("chat")]
+    codex = AgentSpec.from_payload("codex").to_payload()
+    payload = {"agent": codex, "prompt": "again", "provider": None, "from_entry": end_of_1}
+    fleet.client.store.admit_run("b", "chat", payload, max_attempts=1, deadline=None)
+    enqueue_run(fleet.client.app, fleet.client.settings, "b", store=fleet.client.store)
+
+    settled = fleet.wait_settled("b")
+
+    assert settled.status is RunStatus.FAILED
+    assert settled.error == {
+        "reason": "cannot-fork",
+        "message": "this agent cannot fork its conversation: it can only go on from the "
+        "session's latest entry",
+    }
+    assert [e.entry_id for e in fleet.client.transcript("chat")] == path, "the leaf stays"
+    assert "b/input" not in {e.entry_id for e in fleet.client.store.session_entries("chat")}

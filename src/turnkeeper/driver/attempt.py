@@ -51,6 +51,7 @@ from turnkeeper.driver.resilience import (
     sandbox_retry_policy,
 )
 from turnkeeper.errors import (
+    AgentError,
     AgentVanishedError,
     JournalError,
     JournalStalledError,
@@ -256,6 +257,7 @@ class Attempt:
             action = classify(self._facts())
             self._log.info("takeover.classified", action=action.value)
         self._emit(self.replay.started())
+        self._check_branch()
         self.recorder.record_input(self.prompt, from_entry=self.from_entry)
         self.follow_up = FollowUp.of(self.store, self.run, self.recorder.input_parent)
         if self.follow_up is not None and self.spec.recalls_transcript:
@@ -273,6 +275,40 @@ class Attempt:
             ending = self._give_up(ending.reason)
         if isinstance(ending, Exited):
             self._finish(ending)
+
+    def _check_branch(self) -> None:
+        """Refuse, before its input is recorded, a branch its agent cannot continue from
+        now (docs/architecture.md, "Branches"). The submit checked it
+        (``Client._check_branch``) outside the admission's session lock, so a message
+        admitted in between may have run first and moved the leaf: of what the submit
+        saw, whether the entry is still the leaf. An input already recorded was decided
+        by an earlier attempt."""
+        branch = self.from_entry
+        if branch is None:
+            return
+        session_id = self.run.session_id
+        stored, _ = self.store.entry_parent(session_id, self.recorder.input_entry_id)
+        if stored:
+            return
+        entries = self.store.session_entries(session_id)
+        entry = next((e for e in entries if e.entry_id == branch), None)
+        writer = None if entry is None else self.store.get_run(entry.run_id)
+        at_run_end = (
+            entry is not None
+            and writer is not None
+            and writer.status.is_terminal
+            and not any(e.parent_id == branch and e.run_id == entry.run_id for e in entries)
+        )
+        at_leaf = self.store.session_leaf(session_id) == branch
+        refusal = self.spec.branch_refusal(at_run_end=at_run_end, at_leaf=at_leaf)
+        if refusal is not None:
+            raise AgentError(
+                refusal,
+                run_id=self.claim.run_id,
+                attempt_id=self.claim.attempt_id,
+                epoch=self.claim.epoch,
+                reason="cannot-fork",
+            )
 
     def _facts(self) -> RecoveryFacts:
         sandbox = self.place.resume()
