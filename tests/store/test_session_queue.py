@@ -4,6 +4,8 @@ runs alone."""
 
 from __future__ import annotations
 
+import threading
+
 from tests.store.conftest import LONG_LEASE, admit, claimed
 from turnkeeper.store import Store, Verdict
 
@@ -28,3 +30,40 @@ def test_queued_runs_wait_behind_the_active_run_in_admission_order(store: Store)
     assert store.settle_run(second, "failed") is Verdict.DONE
     assert store.next_in_session("r2") == "r3"
     assert store.next_in_session("r3") is None, "a queued run names no successor"
+
+
+def test_racing_claimers_run_a_sessions_runs_one_at_a_time_in_admission_order(
+    store: Store,
+) -> None:
+    """Six threads claim every run of one session over and over, each settling what it
+    claimed: the runs are claimed in admission order, each only once the one before
+    has settled, and no claim ever sees a second running run of the session."""
+    run_ids = [f"r{i}" for i in range(1, 9)]
+    for run_id in run_ids:
+        admit(store, run_id, "s1")
+    order: list[str] = []
+    running_seen: list[list[str]] = []
+    verdicts: list[Verdict] = []
+    lock = threading.Lock()
+
+    def claimer(owner: str) -> None:
+        while len(order) < len(run_ids):
+            for run_id in run_ids:
+                claim = store.claim_run(run_id, owner, LONG_LEASE)
+                if claim is None:
+                    continue
+                runs = store.list_runs(session_id="s1", limit=100)
+                with lock:
+                    order.append(run_id)
+                    running_seen.append([r.run_id for r in runs if r.status == "running"])
+                    verdicts.append(store.settle_run(claim, "completed"))
+
+    threads = [threading.Thread(target=claimer, args=(f"worker-{n}",)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert order == run_ids
+    assert running_seen == [[run_id] for run_id in run_ids]
+    assert verdicts == [Verdict.DONE] * len(run_ids)
