@@ -301,11 +301,7 @@ class LocalProvider:
 
     def destroy(self, ref: SandboxRef) -> None:
         root = self._owned_root(ref)
-        kill_recorded_groups(root)
-        try:
-            state = SandboxState.read(root)
-        except SandboxError:
-            state = SandboxState()
+        state = _kill_recorded(root)
         if state.cgroup is not None:
             state.cgroup.remove()
         self._release(root, state)
@@ -321,11 +317,7 @@ class LocalProvider:
 
     def stop(self, ref: SandboxRef) -> None:
         root = self._owned_root(ref)
-        kill_recorded_groups(root)
-        try:
-            state = SandboxState.read(root)
-        except SandboxError:
-            state = SandboxState()
+        state = _kill_recorded(root)
         if state.cgroup is not None:
             state.cgroup.kill()
         with contextlib.suppress(FileNotFoundError):
@@ -349,3 +341,13 @@ class LocalProvider:
             except SandboxError as exc:
                 log.warning("sandbox.cgroup_sweep_failed", sandbox=sandbox_id, error=str(exc))
         return removed
+
+
+def _kill_recorded(root: Path) -> SandboxState:
+    """Kill the process groups the sandbox at ``root`` recorded; its state, as far as it
+    can still be read (a sandbox half made has none)."""
+    kill_recorded_groups(root)
+    try:
+        return SandboxState.read(root)
+    except SandboxError:
+        return SandboxState()
