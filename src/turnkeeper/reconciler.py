@@ -89,7 +89,9 @@ def reconcile(
             log.warning("run.log_end_deferred", run_id=run.run_id, error=str(exc))
     handed = rt.store.hand_over_expired(BATCH)
     send_takeovers(rt, handed, enqueue_takeover=enqueue_takeover, cause="lease")
-    redispatched = rt.store.redispatch_takeovers(settings.requeue_after, BATCH)
+    redispatched = rt.store.redispatch_takeovers(
+        settings.requeue_after, BATCH, just_sent=[claim.run_id for claim in handed]
+    )
     for claim in redispatched:
         enqueue_takeover(claim.run_id, claim.attempt_id, claim.epoch)
         log.info("takeover.redispatched", run_id=claim.run_id, epoch=claim.epoch)

@@ -107,6 +107,27 @@ def test_duplicate_takeover_messages_adopt_once(runtime: WorkerRuntime) -> None:
     assert runtime.store.adopt_attempt("dup-1", attempt_id, "late", 5) is None
 
 
+def test_a_pass_does_not_send_again_what_it_has_just_handed_over(settings: Settings) -> None:
+    """However long fencing and sending take (requeue_after 0 stands for a slow pass),
+    the run handed over in a pass gets one message from it, not a second at once."""
+    rt = WorkerRuntime.open(settings.model_copy(update={"lease_ttl": 5.0, "requeue_after": 0.0}))
+    try:
+        _expired_run(rt, "slow-pass")
+        sent: list[tuple[str, str, int]] = []
+        report = reconciler.reconcile(
+            rt, enqueue_takeover=lambda *a: sent.append(a), enqueue_run=_no_run
+        )
+        run = rt.store.get_run("slow-pass")
+        assert run is not None
+        assert sent == [("slow-pass", run.attempt_id, 2)]
+        assert (report.taken_over, report.redispatched) == (1, 0)
+        # The next pass finds the message older than requeue_after: sent again, once.
+        reconciler.reconcile(rt, enqueue_takeover=lambda *a: sent.append(a), enqueue_run=_no_run)
+        assert sent == [("slow-pass", run.attempt_id, 2)] * 2
+    finally:
+        rt.close()
+
+
 def test_a_lost_takeover_is_sent_again_without_spending_an_attempt(
     runtime: WorkerRuntime,
 ) -> None:

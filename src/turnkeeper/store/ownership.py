@@ -9,7 +9,7 @@ exception: losing ownership is an expected outcome and never transient.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -209,13 +209,19 @@ class OwnershipMixin(StoreBase):
         )
         return claim
 
-    def redispatch_takeovers(self, older_than: float, limit: int) -> list[Claim]:
+    def redispatch_takeovers(
+        self, older_than: float, limit: int, *, just_sent: Sequence[str] = ()
+    ) -> list[Claim]:
         """Runs awaiting adoption whose last takeover message is older than
         ``older_than`` seconds (it may be lost): marked dispatched again and returned,
-        with the same attempt and epoch, for the caller to enqueue once more."""
+        with the same attempt and epoch, for the caller to enqueue once more.
+
+        ``just_sent`` (runs whose first message the caller sent a moment ago) are left
+        out, however long sending them took."""
         params = {
             "older_than": check_seconds(older_than, "older_than", allow_zero=True),
             "limit": check_limit(limit),
+            "just_sent": list(just_sent),
         }
         rows = self._db.rows("redispatch_takeovers", q.REDISPATCH_TAKEOVERS, params)
         return [Claim.from_row(r) for r in rows]

@@ -381,10 +381,12 @@ SELECT run_id, attempt_id, epoch, waited FROM adopted
 
 # Handed-over runs whose takeover message seems lost (nobody adopted them within
 # ``older_than`` of its last dispatch): dispatched again, same attempt, same epoch.
+# ``:just_sent`` are the runs this reconcile pass handed over and sent already.
 REDISPATCH_TAKEOVERS = _sql("""
 WITH stale AS (
     SELECT run_id FROM runs
     WHERE status = 'running' AND handed_over_at IS NOT NULL
+      AND NOT run_id = ANY(CAST(:just_sent AS text[]))
       AND cancel_requested_at IS NULL AND (deadline IS NULL OR deadline > now())
       AND COALESCE(dispatched_at, handed_over_at)
           < now() - make_interval(secs => CAST(:older_than AS double precision))
