@@ -53,6 +53,7 @@ from turnkeeper.config import Settings
 from turnkeeper.errors import BrokerUnavailableError, TurnkeeperError
 from turnkeeper.hosts import route_takeover, run_host
 from turnkeeper.secret import make_undumpable
+from turnkeeper.store.database import tallied
 from turnkeeper.store.store import Store
 from turnkeeper.workers.beacon import main_process_pid
 from turnkeeper.workers.runtime import close_runtimes, runtime_for
@@ -164,6 +165,7 @@ def create_app(settings: Settings, *, turn_worker: bool = True) -> Celery:
 
 def _register_tasks(app: Celery, settings: Settings, *, announce: bool) -> None:
     @app.task(name=RUN_TURN, shared=False)
+    @tallied(RUN_TURN)
     def run_turn(run_id: str) -> None:
         runtime = runtime_for(settings)
         # A run of a session whose workspace is on another live host goes on there.
@@ -178,6 +180,7 @@ def _register_tasks(app: Celery, settings: Settings, *, announce: bool) -> None:
             start_next_in_session(app, settings, runtime.store, run_id)
 
     @app.task(name=TAKEOVER, shared=False)
+    @tallied(TAKEOVER)
     def takeover(run_id: str, attempt_id: str, epoch: int) -> None:
         runtime = runtime_for(settings)
         # A message on the wrong queue (sent before the host of the run's sandbox was

@@ -151,6 +151,12 @@ class TurnRecorder:
             ),
         )
 
+    def input_recorded(self, parent: str | None) -> None:
+        """``record_input``, made by the claim already (``Store.claim_and_begin``): the
+        input under ``parent``, turn 0 begun in the slot."""
+        self.input_parent = parent
+        self.leaf = self.input_entry_id
+
     def provider_started(self, journal_key: str) -> None:
         self.journal_key = journal_key
         self._turn_open = True
@@ -175,8 +181,7 @@ class TurnRecorder:
         results completed it), so the next process begins a turn, and records its
         journal key, of its own."""
         if self._turn_open:
-            self.commit_turn()
-            self._begin_next_turn()
+            self._end_turn(begin_next=True)
 
     def observe(self, chunks: list[Chunk]) -> None:
         for chunk in chunks:
@@ -195,16 +200,59 @@ class TurnRecorder:
                     ),
                 )
             elif event is TurnEvent.TURN_COMPLETE:
-                self.commit_turn()
-                self._begin_next_turn()
+                self._end_turn(begin_next=True)
+
+    @property
+    def consumption_due(self) -> bool:
+        """The journal's end is still to be marked in the slot (its turn not committed)."""
+        return self._recorded < (self.turn_index, 3)
 
     def mark_consumed(self, journal_key: str) -> None:
-        if self._recorded >= (self.turn_index, 3):
+        if not self.consumption_due:
             return
         self.ownership.check()
         self.ownership.confirm(self.store.mark_journal_consumed(self.claim, journal_key))
 
     def commit_turn(self) -> None:
+        """Commit the last turn (the journal ended)."""
+        self._end_turn(begin_next=False)
+
+    def _end_turn(self, *, begin_next: bool) -> None:
+        """Commit the turn and, with ``begin_next``, begin the next one: in one store
+        statement when none of its writes was made before (``Store.commit_turn``), else
+        (a successor's replay) one write at a time, each made only if it is due."""
+        entries = self.content.entries(self.claim.run_id, self.turn_index)
+        if (self.turn_index, 3) > self._recorded and (entries or self.leaf is not None):
+            index = self.turn_index + 1
+            journal_key = self.journal_key if begin_next else None
+            self.ownership.check()
+            verdict = self.store.commit_turn(
+                self.claim,
+                self.session_id,
+                entries,
+                self.leaf,
+                next_turn=(index, self._turn_id(index)) if begin_next else None,
+                next_journal_key=journal_key,
+            )
+            if verdict is Verdict.NOT_OWNER:
+                self.ownership.lose("store-fenced")
+            if verdict is Verdict.DONE:
+                if entries:
+                    self.leaf = entries[-1].entry_id
+                if not begin_next:
+                    self._recorded = (self.turn_index, 3)
+                    return
+                self._next_turn()
+                self._recorded = (index, 0)
+                if journal_key is not None:
+                    self._turn_open = True
+                    self._recorded = (index, 1)
+                return
+        self._commit_turn()
+        if begin_next:
+            self._begin_next_turn()
+
+    def _commit_turn(self) -> None:
         entries = self.content.entries(self.claim.run_id, self.turn_index)
         if entries:
             self.leaf = self._append(entries, self.leaf, under=self.leaf)
@@ -214,10 +262,13 @@ class TurnRecorder:
                 (self.turn_index, 3), lambda: self.store.commit_turn_slot(self.claim, leaf)
             )
 
-    def _begin_next_turn(self) -> None:
+    def _next_turn(self) -> None:
         self.turn_index += 1
         self.content = TurnContent()
         self._turn_open = False
+
+    def _begin_next_turn(self) -> None:
+        self._next_turn()
         index = self.turn_index
         self._slot_write(
             (index, 0),

@@ -109,6 +109,9 @@ _FRAGMENTS = {
     # A worker seen after this is alive, and so is its host.
     "seen_since": "now() - make_interval(secs => CAST(:dead_after AS double precision))",
     "owned_slot": _OWNED_SLOT,
+    "slot_returning": ", ".join(
+        f"{c.strip()} AS slot_{c.strip()}" for c in SLOT_COLUMNS.split(",")
+    ),
     "hand_over_to_new_attempt": _HAND_OVER_CANDIDATES,
     "key_columns": KEY_COLUMNS,
     "lock_space": str(OWNER_LOCK_SPACE),
@@ -193,6 +196,65 @@ WITH candidate AS (
     SELECT run_id, attempt_id, epoch, :owner FROM claimed
 )
 SELECT run_id, attempt_id, epoch FROM claimed
+""")
+
+# The claim of a fresh run and its first steps, in one statement: the claim (as
+# CLAIM_RUN), the run as claimed, and, for a run that is no branch, its input appended
+# under the session's leaf (the leaf moved by compare-and-set) and turn 0 begun in its
+# slot, both under the new attempt, which no one can have fenced yet. A run that
+# branches (``from_entry``) has its branch checked first, by the driver: for it, as for
+# an input or slot that is somehow stored already, only the claim is made here.
+CLAIM_AND_BEGIN = _sql("""
+WITH candidate AS (
+    SELECT r.run_id FROM runs r
+    WHERE r.run_id = :run_id AND r.status = 'queued'
+      AND r.attempt_count < r.max_attempts
+      AND (r.deadline IS NULL OR r.deadline > now())
+      AND NOT EXISTS (
+          SELECT 1 FROM runs e
+          WHERE e.session_id = r.session_id AND e.seq < r.seq
+            AND e.status IN ('queued', 'running'))
+), claimed AS (
+    UPDATE runs r SET status = 'running', attempt_id = :attempt_id, epoch = r.epoch + 1,
+        attempt_count = r.attempt_count + 1, owner = :owner,
+        lease_expires_at = $lease, started_at = now(), updated_at = now()
+    FROM candidate
+    WHERE r.run_id = candidate.run_id AND r.status = 'queued'
+    RETURNING $r_run_columns
+), recorded AS (
+    INSERT INTO attempts (run_id, attempt_id, epoch, owner)
+    SELECT run_id, attempt_id, epoch, :owner FROM claimed
+), input AS (
+    SELECT c.run_id, c.session_id, c.run_id || '/input' AS entry_id, s.leaf_id AS parent_id,
+        jsonb_build_object('prompt', c.payload -> 'prompt') AS body
+    FROM claimed c JOIN sessions s ON s.session_id = c.session_id
+    WHERE jsonb_typeof(c.payload -> 'prompt') = 'string' AND NOT (c.payload ? 'from_entry')
+      AND NOT EXISTS (
+          SELECT 1 FROM transcript_entries t
+          WHERE t.session_id = c.session_id AND t.entry_id = c.run_id || '/input')
+      AND NOT EXISTS (SELECT 1 FROM turn_slots j WHERE j.run_id = c.run_id)
+), moved AS (
+    UPDATE sessions s SET leaf_id = i.entry_id, version = s.version + 1, updated_at = now()
+    FROM input i
+    WHERE s.session_id = i.session_id AND s.leaf_id IS NOT DISTINCT FROM i.parent_id
+    RETURNING s.session_id
+), entry AS (
+    INSERT INTO transcript_entries
+        (session_id, entry_id, parent_id, run_id, attempt_id, kind, body)
+    SELECT i.session_id, i.entry_id, i.parent_id, i.run_id, :attempt_id, 'user', i.body
+    FROM input i JOIN moved m ON m.session_id = i.session_id
+    ON CONFLICT (session_id, entry_id) DO NOTHING
+    RETURNING entry_id, parent_id
+), slot AS (
+    INSERT INTO turn_slots
+        (run_id, attempt_id, turn_index, turn_id, phase, revision, checkpoint_leaf_id)
+    SELECT c.run_id, c.attempt_id, 0, c.run_id || '/turn-0', 'before_provider', 1, e.entry_id
+    FROM claimed c, entry e
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING $slot_returning
+)
+SELECT c.*, (SELECT parent_id FROM entry) AS input_parent, slot.*
+FROM claimed c LEFT JOIN slot ON true
 """)
 
 OWNS_RUN = text("""
@@ -539,10 +601,80 @@ $owned_slot
 RETURNING j.revision
 """)
 
+# The end of a turn in one statement, fenced by the attempt: its entries appended (as
+# APPEND_TRANSCRIPT), the slot committed at the new leaf (as COMMIT_TURN_SLOT) and, with
+# :next_index, the next turn begun (as BEGIN_TURN_SLOT) and, with :next_journal_key, its
+# provider started (as UPDATE_PHASE): the slot moves once to where those writes would
+# leave it, its revision up by :writes, one per write. All of it or nothing: a replayed
+# append, a moved leaf or a slot not where the writer left it change nothing here, and
+# the caller makes the writes one by one, which tell why.
+COMMIT_TURN = text("""
+WITH writer AS (
+    SELECT 1 FROM runs
+    WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
+      AND session_id = :session_id
+    FOR SHARE
+), open_turn AS (
+    SELECT 1 FROM turn_slots j
+    WHERE j.run_id = :run_id AND j.attempt_id = :attempt_id
+      AND j.phase IN ('provider_started', 'tool_request_recorded')
+      AND (CAST(:next_index AS integer) IS NULL OR CAST(:next_index AS integer) > j.turn_index)
+), chain AS (
+    SELECT e.ord, e.entry_id, e.parent_id, e.kind, e.body
+    FROM jsonb_to_recordset(CAST(:entries AS jsonb))
+        AS e(ord int, entry_id text, parent_id text, kind text, body jsonb)
+), moved AS (
+    UPDATE sessions s SET leaf_id = :leaf_id, version = s.version + 1, updated_at = now()
+    WHERE s.session_id = :session_id AND s.leaf_id IS NOT DISTINCT FROM :expected_leaf
+      AND EXISTS (SELECT 1 FROM chain)
+      AND EXISTS (SELECT 1 FROM writer) AND EXISTS (SELECT 1 FROM open_turn)
+      AND NOT EXISTS (
+          SELECT 1 FROM transcript_entries t JOIN chain c ON t.entry_id = c.entry_id
+          WHERE t.session_id = :session_id)
+    RETURNING s.version
+), inserted AS (
+    INSERT INTO transcript_entries
+        (session_id, entry_id, parent_id, run_id, attempt_id, kind, body)
+    SELECT :session_id, c.entry_id, c.parent_id, :run_id, :attempt_id, c.kind, c.body
+    FROM chain c WHERE EXISTS (SELECT 1 FROM moved)
+    ORDER BY c.ord
+    ON CONFLICT (session_id, entry_id) DO NOTHING
+    RETURNING entry_id
+), slot AS (
+    UPDATE turn_slots j SET
+        turn_index = COALESCE(CAST(:next_index AS integer), j.turn_index),
+        turn_id = COALESCE(CAST(:next_turn_id AS text), j.turn_id),
+        phase = CASE WHEN CAST(:next_index AS integer) IS NULL THEN 'committed'
+                     WHEN CAST(:next_journal_key AS text) IS NULL THEN 'before_provider'
+                     ELSE 'provider_started' END,
+        journal_key = CASE WHEN CAST(:next_index AS integer) IS NULL THEN j.journal_key
+                           ELSE CAST(:next_journal_key AS text) END,
+        tool_request = CASE WHEN CAST(:next_index AS integer) IS NULL THEN j.tool_request END,
+        checkpoint_leaf_id = CASE WHEN CAST(:next_index AS integer) IS NULL
+                                  THEN j.checkpoint_leaf_id ELSE :leaf_id END,
+        committed_leaf_id = CASE WHEN CAST(:next_index AS integer) IS NULL THEN :leaf_id END,
+        journal_consumed_at = CASE WHEN CAST(:next_index AS integer) IS NULL
+                                   THEN j.journal_consumed_at END,
+        revision = j.revision + :writes, updated_at = now()
+    WHERE j.run_id = :run_id AND j.attempt_id = :attempt_id
+      AND j.phase IN ('provider_started', 'tool_request_recorded')
+      AND (CAST(:next_index AS integer) IS NULL OR CAST(:next_index AS integer) > j.turn_index)
+      AND EXISTS (SELECT 1 FROM writer)
+      AND (NOT EXISTS (SELECT 1 FROM chain) OR EXISTS (SELECT 1 FROM moved))
+    RETURNING j.revision
+)
+SELECT EXISTS (SELECT 1 FROM writer) AS owned,
+       EXISTS (SELECT 1 FROM slot) AS done,
+       (SELECT count(*) FROM inserted) AS inserted,
+       (SELECT count(*) FROM chain) AS entries
+""")
+
 GET_TURN_SLOT = _sql("SELECT $slot_columns FROM turn_slots WHERE run_id = :run_id")
 
 # --- segments --------------------------------------------------------------------------
 
+# With :mark_consumed, the segment that ends the journal (its sentinel): the slot's
+# journal is marked consumed in the same write (as MARK_JOURNAL_CONSUMED), once stored.
 APPEND_SEGMENT = text("""
 WITH owner AS (
     SELECT run_id FROM runs
@@ -559,6 +691,13 @@ WITH owner AS (
     WHERE tip.byte_end = :byte_start AND NOT EXISTS (SELECT 1 FROM foreign_key)
     ON CONFLICT (journal_key, byte_start) DO NOTHING
     RETURNING 1
+), consumed AS (
+    UPDATE turn_slots j SET journal_consumed_at = now(), revision = j.revision + 1,
+        updated_at = now()
+    WHERE CAST(:mark_consumed AS boolean) AND EXISTS (SELECT 1 FROM inserted)
+      AND j.run_id = :run_id AND j.attempt_id = :attempt_id
+      AND j.phase <> 'committed' AND j.journal_key = :journal_key
+      AND j.journal_consumed_at IS NULL
 )
 SELECT (SELECT count(*) FROM inserted) AS inserted,
        (SELECT count(*) FROM owner) AS owned,
@@ -603,29 +742,6 @@ LIMIT 1
 
 # --- transcript ------------------------------------------------------------------------
 
-FENCE_WRITER = text("""
-SELECT 1 FROM runs
-WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
-  AND session_id = :session_id
-FOR SHARE
-""")
-
-MOVE_LEAF = text("""
-UPDATE sessions SET leaf_id = :leaf_id, version = version + 1, updated_at = now()
-WHERE session_id = :session_id AND leaf_id IS NOT DISTINCT FROM :expected_leaf
-RETURNING version
-""")
-
-INSERT_ENTRIES = text("""
-INSERT INTO transcript_entries (session_id, entry_id, parent_id, run_id, attempt_id, kind, body)
-SELECT :session_id, e.entry_id, e.parent_id, :run_id, :attempt_id, e.kind, e.body
-FROM jsonb_to_recordset(CAST(:entries AS jsonb))
-    AS e(ord int, entry_id text, parent_id text, kind text, body jsonb)
-ORDER BY e.ord
-ON CONFLICT (session_id, entry_id) DO NOTHING
-RETURNING entry_id
-""")
-
 STORED_ENTRIES = text("""
 SELECT e.entry_id, e.parent_id, e.kind, e.body
 FROM transcript_entries e
@@ -634,6 +750,43 @@ WHERE e.session_id = :session_id AND e.entry_id IN (
 """)
 
 CURRENT_LEAF = text("SELECT leaf_id FROM sessions WHERE session_id = :session_id")
+
+# An append in one statement: fenced by the attempt (the run row share-locked, so a
+# handover waits for it), the leaf moved by compare-and-set, and the chain inserted only
+# once the leaf moved and none of its entry ids was stored: all of it or nothing. Only
+# the run's owner writes its entries (one run of a session runs at a time), so no entry
+# id is taken between the check and the insert. Nothing written: the caller reads why.
+APPEND_TRANSCRIPT = text("""
+WITH writer AS (
+    SELECT 1 FROM runs
+    WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
+      AND session_id = :session_id
+    FOR SHARE
+), chain AS (
+    SELECT e.ord, e.entry_id, e.parent_id, e.kind, e.body
+    FROM jsonb_to_recordset(CAST(:entries AS jsonb))
+        AS e(ord int, entry_id text, parent_id text, kind text, body jsonb)
+), moved AS (
+    UPDATE sessions s SET leaf_id = :leaf_id, version = s.version + 1, updated_at = now()
+    WHERE s.session_id = :session_id AND s.leaf_id IS NOT DISTINCT FROM :expected_leaf
+      AND EXISTS (SELECT 1 FROM writer)
+      AND NOT EXISTS (
+          SELECT 1 FROM transcript_entries t JOIN chain c ON t.entry_id = c.entry_id
+          WHERE t.session_id = :session_id)
+    RETURNING s.version
+), inserted AS (
+    INSERT INTO transcript_entries
+        (session_id, entry_id, parent_id, run_id, attempt_id, kind, body)
+    SELECT :session_id, c.entry_id, c.parent_id, :run_id, :attempt_id, c.kind, c.body
+    FROM chain c WHERE EXISTS (SELECT 1 FROM moved)
+    ORDER BY c.ord
+    ON CONFLICT (session_id, entry_id) DO NOTHING
+    RETURNING entry_id
+)
+SELECT EXISTS (SELECT 1 FROM writer) AS owned,
+       EXISTS (SELECT 1 FROM moved) AS moved,
+       (SELECT count(*) FROM inserted) AS inserted
+""")
 
 SET_LEAF = text("""
 WITH writer AS (

@@ -10,7 +10,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -216,6 +216,28 @@ class TurnSlot:
         values = dict(row)
         values["phase"] = TurnPhase(values["phase"])
         return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class BegunRun:
+    """A fresh claim (``claim_and_begin``) and what its one statement did besides."""
+
+    claim: Claim
+    run: Run
+    """The run as claimed: running under ``claim``."""
+    slot: TurnSlot | None
+    """Turn 0 begun, the run's input appended under the session's leaf; None: neither
+    (a branch, whose input the driver appends once it checked the branch)."""
+    input_parent: str | None
+    """The entry the input was appended under (None: it opened the conversation)."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> BegunRun:
+        run = Run.from_row({f.name: row[f.name] for f in fields(Run)})
+        slot = None
+        if row.get("slot_run_id") is not None:
+            slot = TurnSlot.from_row({f.name: row[f"slot_{f.name}"] for f in fields(TurnSlot)})
+        return cls(Claim.from_row(row), run, slot, row["input_parent"] if slot else None)
 
 
 @dataclass(frozen=True, slots=True)
