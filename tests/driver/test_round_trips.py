@@ -32,8 +32,9 @@ BEFORE_OUTPUT = [
     "update_turn_phase",  # provider_started, after the spawn
 ]
 PER_TURN = [
-    "update_turn_phase",  # tool_request_recorded
-    "commit_turn",  # the turn's entries, committed, the next turn begun and started
+    # The turn's entries, committed, the next turn begun and started; its tool request
+    # went with the segment after it, or with this when no byte came in between.
+    "commit_turn",
 ]
 AFTER_OUTPUT = [
     "append_segment",  # the sentinel, and the journal marked consumed

@@ -272,3 +272,107 @@ def test_a_stale_attempts_last_segment_changes_nothing(store: Store) -> None:
     assert store.append_segment(stale, "k0", 0, b"end\n", mark_consumed=True) is (Verdict.NOT_OWNER)
     assert _slot(store, "r1") == slot
     assert store.segments("k0") == []
+
+
+# --- a tool request, with the bytes or the turn's end -----------------------------------
+
+
+def test_a_tool_request_rides_on_the_next_segment(store: Store) -> None:
+    merged = _begun(store, "r1", "s1").claim
+    single = _begun(store, "r2", "s2").claim
+    request = [{"id": "c1", "name": "Bash", "args": "{}"}]
+    for claim in (merged, single):
+        _started(store, claim, f"k-{claim.run_id}")
+        assert store.append_segment(claim, f"k-{claim.run_id}", 0, b"a\n") is Verdict.DONE
+    assert (
+        store.append_segment(merged, "k-r1", 2, b"b\n", tool_request=(request, "r1/input"))
+        is Verdict.DONE
+    )
+    assert store.append_segment(single, "k-r2", 2, b"b\n") is Verdict.DONE
+    assert (
+        store.update_turn_phase(
+            single,
+            TurnPhase.TOOL_REQUEST_RECORDED,
+            tool_request=request,
+            checkpoint_leaf_id="r2/input",
+        )
+        is Verdict.DONE
+    )
+    for run_id, claim in (("r1", merged), ("r2", single)):
+        assert _slot(store, run_id) == (
+            claim.attempt_id, 0, f"{run_id}/turn-0", "tool_request_recorded", 3,
+            f"k-{run_id}", request, f"{run_id}/input", None, False,
+        )  # fmt: skip
+    # Recorded already: the segment is stored, the slot left as it is.
+    slot = _slot(store, "r1")
+    assert (
+        store.append_segment(merged, "k-r1", 4, b"c\n", tool_request=([], "elsewhere"))
+        is Verdict.DONE
+    )
+    assert _slot(store, "r1") == slot
+    assert [s.body for s in store.segments("k-r1")] == [b"a\n", b"b\n", b"c\n"]
+    with pytest.raises(InvalidInputError):
+        store.append_segment(merged, "k-r1", 6, b"d\n", mark_consumed=True, tool_request=([], None))
+
+
+def test_a_tool_request_goes_first_in_the_end_of_its_turn(store: Store) -> None:
+    merged = _begun(store, "r1", "s1").claim
+    single = _begun(store, "r2", "s2").claim
+    request = [{"id": "c1", "name": "Read", "args": "{}"}]
+    for claim in (merged, single):
+        _started(store, claim, "k0")
+    assert (
+        store.commit_turn(
+            merged, "s1", _turn_entries("r1", 0), "r1/input", tool_request=(request, "r1/input")
+        )
+        is Verdict.DONE
+    )
+    assert (
+        store.update_turn_phase(
+            single,
+            TurnPhase.TOOL_REQUEST_RECORDED,
+            tool_request=request,
+            checkpoint_leaf_id="r2/input",
+        )
+        is Verdict.DONE
+    )
+    assert store.append_transcript(single, "s2", _turn_entries("r2", 0), "r2/input")
+    assert store.commit_turn_slot(single, "r2/turn-0/tools") is Verdict.DONE
+    for run_id, claim in (("r1", merged), ("r2", single)):
+        assert _slot(store, run_id) == (
+            claim.attempt_id, 0, f"{run_id}/turn-0", "committed", 4, "k0", request,
+            f"{run_id}/input", f"{run_id}/turn-0/tools", False,
+        )  # fmt: skip
+    # Recorded already (the slot moved past provider_started): nothing is made.
+    other = _begun(store, "r3", "s3").claim
+    _started(store, other, "k0")
+    assert (
+        store.update_turn_phase(other, TurnPhase.TOOL_REQUEST_RECORDED, tool_request=request)
+        is Verdict.DONE
+    )
+    slot = _slot(store, "r3")
+    assert (
+        store.commit_turn(
+            other, "s3", [], "r3/input", next_turn=(1, "t1"), tool_request=(request, None)
+        )
+        is Verdict.WRONG_STATE
+    )
+    assert _slot(store, "r3") == slot
+
+
+def test_a_stale_attempts_tool_request_changes_nothing(store: Store) -> None:
+    stale = _begun(store, "r1").claim
+    _started(store, stale, "k0")
+    assert store.append_segment(stale, "k0", 0, b"a\n") is Verdict.DONE
+    _takeover(store, stale)
+    slot = _slot(store, "r1")
+    assert (
+        store.append_segment(stale, "k0", 2, b"b\n", tool_request=([{"id": "c"}], None))
+        is Verdict.NOT_OWNER
+    )
+    assert (
+        store.commit_turn(stale, "s1", [], "r1/input", tool_request=([{"id": "c"}], None))
+        is Verdict.NOT_OWNER
+    )
+    assert _slot(store, "r1") == slot
+    assert [s.body for s in store.segments("k0")] == [b"a\n"]

@@ -720,7 +720,10 @@ class Attempt:
         """Journal lines to segments (first), then chunks to the log and the transcript."""
         raw = with_newlines(lines)
         start = lines[0][1] - len(raw[0])
-        self.output.write_bytes(journal.journal_key, start, b"".join(raw))
+        # The tool request the bytes before recorded goes in the same write.
+        pending = self.recorder.pending_tool_request
+        if self.output.write_bytes(journal.journal_key, start, b"".join(raw), tool_request=pending):
+            self.recorder.tool_request_written()
         self._emit(self.replay.lines(raw))
 
     def _emit(self, chunks: list[Chunk]) -> None:

@@ -37,6 +37,7 @@ from turnkeeper.log import RunLog
 from turnkeeper.log.alignment import Aligner
 from turnkeeper.store.records import Claim
 from turnkeeper.store.store import Store
+from turnkeeper.store.turns import ToolRequest
 
 log = structlog.get_logger(__name__)
 
@@ -170,11 +171,18 @@ class RunOutput:
         return self._stored_ends[journal_key]
 
     def write_bytes(
-        self, journal_key: str, start: int, data: bytes, *, mark_consumed: bool = False
+        self,
+        journal_key: str,
+        start: int,
+        data: bytes,
+        *,
+        mark_consumed: bool = False,
+        tool_request: ToolRequest | None = None,
     ) -> bool:
         """Store journal bytes ``[start, start + len)``; bytes already stored are skipped.
         True when this call stored them, and so with ``mark_consumed`` (the journal's
-        last bytes) marked the journal consumed too (``Store.append_segment``)."""
+        last bytes) marked the journal consumed too, or recorded ``tool_request``
+        (``Store.append_segment``)."""
         end = start + len(data)
         stored = self.stored_end(journal_key)
         if end <= stored:
@@ -185,7 +193,12 @@ class RunOutput:
         # Refused for its state: a retry whose reply was lost stored these very bytes.
         made = self.ownership.confirm(
             self.store.append_segment(
-                self.claim, journal_key, start, data, mark_consumed=mark_consumed
+                self.claim,
+                journal_key,
+                start,
+                data,
+                mark_consumed=mark_consumed,
+                tool_request=tool_request,
             )
         )
         self._stored_ends[journal_key] = end

@@ -26,6 +26,7 @@ from turnkeeper.chunks import Chunk
 from turnkeeper.driver.ownership import Ownership
 from turnkeeper.store.records import Claim, NewEntry, TurnPhase, TurnSlot, Verdict
 from turnkeeper.store.store import Store
+from turnkeeper.store.turns import ToolRequest
 
 _RANK = {
     TurnPhase.BEFORE_PROVIDER: 0,
@@ -127,6 +128,8 @@ class TurnRecorder:
         conversation), known once ``record_input`` ran."""
         self._recorded: Position = (slot.turn_index, _RANK[slot.phase]) if slot else (-1, -1)
         self._turn_open = False
+        self._pending: tuple[Position, ToolRequest] | None = None
+        """The turn's tool request, to go with the next store write of the turn."""
 
     @property
     def input_entry_id(self) -> str:
@@ -189,18 +192,39 @@ class TurnRecorder:
             self.content.observe(chunk)
             event = self.tracker.observe(chunk)
             if event is TurnEvent.TOOL_REQUEST_RECORDED:
-                self._slot_write(
-                    (self.turn_index, 2),
-                    partial(
-                        self.store.update_turn_phase,
-                        self.claim,
-                        TurnPhase.TOOL_REQUEST_RECORDED,
-                        tool_request=self.content.tool_request(),
-                        checkpoint_leaf_id=self.leaf,
-                    ),
-                )
+                position = (self.turn_index, 2)
+                if position > self._recorded:
+                    self._pending = (position, (self.content.tool_request(), self.leaf))
             elif event is TurnEvent.TURN_COMPLETE:
                 self._end_turn(begin_next=True)
+
+    @property
+    def pending_tool_request(self) -> ToolRequest | None:
+        """The tool request the turn recorded in its output, not written yet: it goes
+        with the turn's next write (its next segment, or its end), which comes before
+        any chunk that follows it, or on its own before any other slot write."""
+        return None if self._pending is None else self._pending[1]
+
+    def tool_request_written(self) -> None:
+        """The pending tool request went with a write (made, or refused for its state)."""
+        if self._pending is not None:
+            self._recorded = max(self._recorded, self._pending[0])
+            self._pending = None
+
+    def _write_pending(self) -> None:
+        if self._pending is not None:
+            position, (request, leaf) = self._pending
+            self._pending = None
+            self._slot_write(
+                position,
+                partial(
+                    self.store.update_turn_phase,
+                    self.claim,
+                    TurnPhase.TOOL_REQUEST_RECORDED,
+                    tool_request=request,
+                    checkpoint_leaf_id=leaf,
+                ),
+            )
 
     @property
     def consumption_due(self) -> bool:
@@ -233,10 +257,12 @@ class TurnRecorder:
                 self.leaf,
                 next_turn=(index, self._turn_id(index)) if begin_next else None,
                 next_journal_key=journal_key,
+                tool_request=self.pending_tool_request,
             )
             if verdict is Verdict.NOT_OWNER:
                 self.ownership.lose("store-fenced")
             if verdict is Verdict.DONE:
+                self._pending = None
                 if entries:
                     self.leaf = entries[-1].entry_id
                 if not begin_next:
@@ -253,6 +279,7 @@ class TurnRecorder:
             self._begin_next_turn()
 
     def _commit_turn(self) -> None:
+        self._write_pending()
         entries = self.content.entries(self.claim.run_id, self.turn_index)
         if entries:
             self.leaf = self._append(entries, self.leaf, under=self.leaf)
@@ -291,7 +318,10 @@ class TurnRecorder:
         return leaf
 
     def _slot_write(self, position: Position, write: Callable[[], Verdict]) -> None:
-        """Make a slot write unless this position was recorded before."""
+        """Make a slot write unless this position was recorded before (a tool request
+        still pending before it is written first)."""
+        if self._pending is not None and position > self._pending[0]:
+            self._write_pending()
         if position <= self._recorded:
             return
         self.ownership.check()

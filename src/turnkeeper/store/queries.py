@@ -605,7 +605,9 @@ RETURNING j.revision
 # APPEND_TRANSCRIPT), the slot committed at the new leaf (as COMMIT_TURN_SLOT) and, with
 # :next_index, the next turn begun (as BEGIN_TURN_SLOT) and, with :next_journal_key, its
 # provider started (as UPDATE_PHASE): the slot moves once to where those writes would
-# leave it, its revision up by :writes, one per write. All of it or nothing: a replayed
+# leave it, its revision up by :writes, one per write. With :tool_request, the turn's
+# tool request (as UPDATE_PHASE to tool_request_recorded) goes first, at
+# :tool_checkpoint. All of it or nothing: a replayed
 # append, a moved leaf or a slot not where the writer left it change nothing here, and
 # the caller makes the writes one by one, which tell why.
 COMMIT_TURN = text("""
@@ -619,6 +621,7 @@ WITH writer AS (
     WHERE j.run_id = :run_id AND j.attempt_id = :attempt_id
       AND j.phase IN ('provider_started', 'tool_request_recorded')
       AND (CAST(:next_index AS integer) IS NULL OR CAST(:next_index AS integer) > j.turn_index)
+      AND (CAST(:tool_request AS jsonb) IS NULL OR j.phase = 'provider_started')
 ), chain AS (
     SELECT e.ord, e.entry_id, e.parent_id, e.kind, e.body
     FROM jsonb_to_recordset(CAST(:entries AS jsonb))
@@ -649,9 +652,13 @@ WITH writer AS (
                      ELSE 'provider_started' END,
         journal_key = CASE WHEN CAST(:next_index AS integer) IS NULL THEN j.journal_key
                            ELSE CAST(:next_journal_key AS text) END,
-        tool_request = CASE WHEN CAST(:next_index AS integer) IS NULL THEN j.tool_request END,
-        checkpoint_leaf_id = CASE WHEN CAST(:next_index AS integer) IS NULL
-                                  THEN j.checkpoint_leaf_id ELSE :leaf_id END,
+        tool_request = CASE WHEN CAST(:next_index AS integer) IS NULL
+                            THEN COALESCE(CAST(:tool_request AS jsonb), j.tool_request) END,
+        checkpoint_leaf_id = CASE
+            WHEN CAST(:next_index AS integer) IS NOT NULL THEN :leaf_id
+            WHEN CAST(:tool_request AS jsonb) IS NOT NULL
+                THEN COALESCE(:tool_checkpoint, j.checkpoint_leaf_id)
+            ELSE j.checkpoint_leaf_id END,
         committed_leaf_id = CASE WHEN CAST(:next_index AS integer) IS NULL THEN :leaf_id END,
         journal_consumed_at = CASE WHEN CAST(:next_index AS integer) IS NULL
                                    THEN j.journal_consumed_at END,
@@ -659,6 +666,7 @@ WITH writer AS (
     WHERE j.run_id = :run_id AND j.attempt_id = :attempt_id
       AND j.phase IN ('provider_started', 'tool_request_recorded')
       AND (CAST(:next_index AS integer) IS NULL OR CAST(:next_index AS integer) > j.turn_index)
+      AND (CAST(:tool_request AS jsonb) IS NULL OR j.phase = 'provider_started')
       AND EXISTS (SELECT 1 FROM writer)
       AND (NOT EXISTS (SELECT 1 FROM chain) OR EXISTS (SELECT 1 FROM moved))
     RETURNING j.revision
@@ -673,8 +681,10 @@ GET_TURN_SLOT = _sql("SELECT $slot_columns FROM turn_slots WHERE run_id = :run_i
 
 # --- segments --------------------------------------------------------------------------
 
-# With :mark_consumed, the segment that ends the journal (its sentinel): the slot's
-# journal is marked consumed in the same write (as MARK_JOURNAL_CONSUMED), once stored.
+# Once the segment is stored, in the same write: with :mark_consumed (the segment that
+# ends the journal, its sentinel) the slot's journal is marked consumed (as
+# MARK_JOURNAL_CONSUMED); with :tool_request, the tool request its turn recorded in
+# the bytes before is (as UPDATE_PHASE to tool_request_recorded).
 APPEND_SEGMENT = text("""
 WITH owner AS (
     SELECT run_id FROM runs
@@ -691,13 +701,22 @@ WITH owner AS (
     WHERE tip.byte_end = :byte_start AND NOT EXISTS (SELECT 1 FROM foreign_key)
     ON CONFLICT (journal_key, byte_start) DO NOTHING
     RETURNING 1
-), consumed AS (
-    UPDATE turn_slots j SET journal_consumed_at = now(), revision = j.revision + 1,
-        updated_at = now()
-    WHERE CAST(:mark_consumed AS boolean) AND EXISTS (SELECT 1 FROM inserted)
+), marked AS (
+    UPDATE turn_slots j SET
+        journal_consumed_at = CASE WHEN CAST(:mark_consumed AS boolean) THEN now()
+                                   ELSE j.journal_consumed_at END,
+        phase = CASE WHEN CAST(:tool_request AS jsonb) IS NULL THEN j.phase
+                     ELSE 'tool_request_recorded' END,
+        tool_request = COALESCE(CAST(:tool_request AS jsonb), j.tool_request),
+        checkpoint_leaf_id = CASE WHEN CAST(:tool_request AS jsonb) IS NULL
+                                  THEN j.checkpoint_leaf_id
+                                  ELSE COALESCE(:checkpoint_leaf_id, j.checkpoint_leaf_id) END,
+        revision = j.revision + 1, updated_at = now()
+    WHERE EXISTS (SELECT 1 FROM inserted)
       AND j.run_id = :run_id AND j.attempt_id = :attempt_id
-      AND j.phase <> 'committed' AND j.journal_key = :journal_key
-      AND j.journal_consumed_at IS NULL
+      AND (CAST(:mark_consumed AS boolean) AND j.phase <> 'committed'
+               AND j.journal_key = :journal_key AND j.journal_consumed_at IS NULL
+           OR CAST(:tool_request AS jsonb) IS NOT NULL AND j.phase = 'provider_started')
 )
 SELECT (SELECT count(*) FROM inserted) AS inserted,
        (SELECT count(*) FROM owner) AS owned,

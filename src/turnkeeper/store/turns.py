@@ -30,6 +30,19 @@ from turnkeeper.store.records import (
 )
 from turnkeeper.store.transcript import TranscriptMixin
 
+ToolRequest = tuple[Any, str | None]
+"""A turn's tool request, and the leaf its turn checkpoints at."""
+
+
+def _tool_request_params(tool_request: ToolRequest | None) -> dict[str, Any]:
+    if tool_request is None:
+        return {"tool_request": None, "checkpoint_leaf_id": None}
+    request, leaf = tool_request
+    return {
+        "tool_request": to_json(request, "tool_request"),
+        "checkpoint_leaf_id": check_optional_id(leaf, "checkpoint_leaf_id"),
+    }
+
 
 class TurnsMixin(StoreBase):
     """The per-run turn slot and the journal bytes stored as segments."""
@@ -105,11 +118,14 @@ class TurnsMixin(StoreBase):
         *,
         next_turn: tuple[int, str] | None = None,
         next_journal_key: str | None = None,
+        tool_request: ToolRequest | None = None,
     ) -> Verdict:
         """End the current turn in one statement: ``append_transcript`` of ``entries``
         (none: the leaf stays), ``commit_turn_slot`` at the new leaf, and with
         ``next_turn`` (its index and id) ``begin_turn_slot`` of it there, and with
-        ``next_journal_key`` its provider started (``update_turn_phase``).
+        ``next_journal_key`` its provider started (``update_turn_phase``); with
+        ``tool_request`` (the request and its checkpoint leaf), first the turn's
+        ``update_turn_phase`` to ``tool_request_recorded``.
 
         DONE: all of it made. NOT_OWNER: a stale attempt, nothing made. WRONG_STATE:
         nothing made, because one of the writes would not be made as it stands (the
@@ -137,8 +153,13 @@ class TurnsMixin(StoreBase):
             "next_index": next_index,
             "next_turn_id": check_optional_id(next_turn_id, "turn_id"),
             "next_journal_key": check_optional_id(next_journal_key, "journal_key"),
-            "writes": 1 + (next_index is not None) + (next_journal_key is not None),
+            "writes": 1
+            + (next_index is not None)
+            + (next_journal_key is not None)
+            + (tool_request is not None),
+            **_tool_request_params(tool_request),
         }
+        params["tool_checkpoint"] = params.pop("checkpoint_leaf_id")
         fields: dict[str, Any] = {"run_id": claim.run_id, "attempt_id": claim.attempt_id}
         row = self._db.one("commit_turn", q.COMMIT_TURN, params, **fields)
         assert row is not None  # noqa: S101 - the statement always returns one row
@@ -177,10 +198,14 @@ class TurnsMixin(StoreBase):
         body: bytes,
         *,
         mark_consumed: bool = False,
+        tool_request: ToolRequest | None = None,
     ) -> Verdict:
-        """Store journal bytes once, contiguously, fenced by the attempt; with
-        ``mark_consumed`` (the segment that ends the journal), once stored, the
-        journal is marked consumed in the same write (``mark_journal_consumed``).
+        """Store journal bytes once, contiguously, fenced by the attempt. Once they
+        are stored, in the same write: with ``mark_consumed`` (the segment that ends
+        the journal) the journal is marked consumed (``mark_journal_consumed``); with
+        ``tool_request`` (the request and its checkpoint leaf) the turn moves to
+        ``tool_request_recorded`` (``update_turn_phase``). A DONE answers for the
+        segment: that slot write is made, or it would have been refused for its state.
 
         DONE: stored. NOT_OWNER: a stale attempt. WRONG_STATE: this exact segment
         was already stored. SegmentConflictError: a different body at a stored
@@ -201,7 +226,10 @@ class TurnsMixin(StoreBase):
             "byte_end": byte_start + len(data),
             "body": data,
             "mark_consumed": bool(mark_consumed),
+            **_tool_request_params(tool_request),
         }
+        if mark_consumed and tool_request is not None:
+            raise InvalidInputError("one slot write rides on a segment, not two")
         fields: dict[str, Any] = {
             "run_id": claim.run_id,
             "attempt_id": claim.attempt_id,
