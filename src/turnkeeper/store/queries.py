@@ -98,7 +98,17 @@ SESSION_IDLE = """NOT EXISTS (
       AND (r.status IN ('queued', 'running')
            OR r.finished_at > now() - make_interval(secs => CAST(:ttl AS double precision))))"""
 
+# The agent a run names: its preset, or its inline command's program.
+RUN_AGENT = "COALESCE(payload -> 'agent' ->> 'preset', payload -> 'agent' -> 'command' ->> 0)"
+# The runs a list shows, by its optional filters.
+RUNS_MATCHING = f"""WHERE (CAST(:status AS text) IS NULL OR status = :status)
+  AND (CAST(:session_id AS text) IS NULL OR session_id = :session_id)
+  AND (CAST(:key_name AS text) IS NULL OR key_name = :key_name)
+  AND (CAST(:agent AS text) IS NULL OR {RUN_AGENT} = :agent)
+  AND (CAST(:search AS text) IS NULL OR strpos(lower(run_id), lower(:search)) > 0)"""
+
 _FRAGMENTS = {
+    "runs_matching": RUNS_MATCHING,
     "session_idle": SESSION_IDLE,
     "run_columns": RUN_COLUMNS,
     "slot_columns": SLOT_COLUMNS,
@@ -793,11 +803,24 @@ GET_RUN = _sql("SELECT $run_columns FROM runs WHERE run_id = :run_id")
 
 LIST_RUNS = _sql("""
 SELECT $run_columns FROM runs
-WHERE (CAST(:status AS text) IS NULL OR status = :status)
-  AND (CAST(:session_id AS text) IS NULL OR session_id = :session_id)
-  AND (CAST(:key_name AS text) IS NULL OR key_name = :key_name)
+$runs_matching
 ORDER BY seq DESC
-LIMIT :limit
+LIMIT :limit OFFSET :offset
+""")
+
+COUNT_RUNS = _sql("SELECT count(*) AS n FROM runs $runs_matching")
+
+# A run's attempts, oldest first.
+RUN_ATTEMPTS = text("""
+SELECT attempt_id, epoch, owner, started_at, ended_at, outcome, handover_cause, log_seq
+FROM attempts WHERE run_id = :run_id
+ORDER BY epoch, started_at
+""")
+
+# Where a takeover's attempt began in the run log, recorded once, by the attempt.
+RECORD_ATTEMPT_LOG_SEQ = text("""
+UPDATE attempts SET log_seq = :log_seq
+WHERE run_id = :run_id AND attempt_id = :attempt_id AND log_seq IS NULL
 """)
 
 EXPIRED_RUNS = _sql("""
