@@ -9,8 +9,9 @@ the login, runs (with and without a filter), run and session pages.
 
     .venv/bin/python scripts/screenshots.py [--out docs/screenshots]
 
-The PNGs go to ``--out`` (``<page>-<width>x<height>.png``); the run page with its
-takeover mark at 1280x800 is copied to ``docs/run-page.png``, which the README shows.
+The PNGs go to ``--out`` (``<page>-<width>x<height>.png``; ``-full``: the whole page,
+not only the window); the whole run page with its takeover mark at 1280 wide is
+copied to ``docs/run-page.png``, which the README shows.
 Uses TURNKEEPER_DATABASE_URL / TURNKEEPER_REDIS_URL when set, else the embedded
 servers.
 """
@@ -122,9 +123,11 @@ def _shoot(base_url: str, key: str, ids: dict[str, str], out: Path) -> list[Path
                 page.set_default_timeout(HANG_GUARD * 1000)
                 suffix = f"{size['width']}x{size['height']}"
 
-                def shot(name: str, page: Any = page, suffix: str = suffix) -> None:
+                def shot(
+                    name: str, page: Any = page, suffix: str = suffix, *, full: bool = False
+                ) -> None:
                     path = out / f"{name}-{suffix}.png"
-                    page.screenshot(path=str(path))
+                    page.screenshot(path=str(path), full_page=full)
                     shots.append(path)
 
                 page.goto("/login")
@@ -143,8 +146,11 @@ def _shoot(base_url: str, key: str, ids: dict[str, str], out: Path) -> list[Path
                     "document.querySelector('.marker.takeover').scrollIntoView({block: 'center'})"
                 )
                 shot("run-takeover")
+                shot("run-takeover-full", full=True)
                 page.click("#raw-toggle")
-                page.evaluate("document.querySelector('#raw').scrollIntoView()")
+                page.evaluate(
+                    "document.querySelector('.raw-takeover').scrollIntoView({block: 'center'})"
+                )
                 shot("run-raw-chunks")
                 page.goto(f"/ui/runs/{quote(ids['live'], safe='')}")
                 page.wait_for_function(
@@ -185,7 +191,7 @@ def main() -> None:
         finally:
             client.close()
             server.stop()
-    shutil.copyfile(args.out / "run-takeover-1280x800.png", REPO / "docs" / "run-page.png")
+    shutil.copyfile(args.out / "run-takeover-full-1280x800.png", REPO / "docs" / "run-page.png")
     for path in shots:
         print(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
     print("docs/run-page.png")

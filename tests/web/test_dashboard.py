@@ -553,4 +553,8 @@ def test_a_takeover_is_marked_where_the_successor_began_after_a_sigkill(
     _check_takeover_page(page, **check)
     page.click("#raw-toggle")
     assert page.locator("#raw").is_visible()
+    assert page.locator("#conversation").is_hidden()  # the raw chunks stand in for it
     assert page.locator("#raw-toggle").get_attribute("aria-pressed") == "true"
+    page.click("#raw-toggle")
+    assert page.locator("#raw").is_hidden()
+    assert page.locator("#conversation").is_visible()

@@ -205,6 +205,10 @@ function closeBoxes() {
 // Move a mark in before the rendered chunk ``seq``, cutting its box in two.
 function insertBefore(node, seq) {
   const target = conversation.querySelector(`[data-seq="${seq}"]`);
+  if (!target) {  // never the case: every seq up to the last is shown
+    conversation.append(node);
+    return;
+  }
   const box = target.closest("#conversation > *");
   if (box === target || box.querySelector("[data-seq]") === target) {
     box.before(node);
@@ -235,7 +239,9 @@ function placeTakeover(item) {
   const { node, raw, attempt } = item;
   if (attempt.log_seq <= lastSeq) {
     insertBefore(node, attempt.log_seq);
-    rawChunks.querySelector(`[data-raw-seq="${attempt.log_seq}"]`).before(raw);
+    const line = rawChunks.querySelector(`[data-raw-seq="${attempt.log_seq}"]`);
+    if (line) line.before(raw);
+    else rawChunks.append(raw);
   } else {
     conversation.append(node);
     rawChunks.append(raw);
@@ -400,8 +406,9 @@ cancelButton.addEventListener("click", async () => {
 });
 
 document.getElementById("raw-toggle").addEventListener("click", (event) => {
-  const raw = document.getElementById("raw");
+  const raw = document.getElementById("raw");  // the raw chunks stand in for the conversation
   raw.hidden = !raw.hidden;
+  conversation.hidden = !raw.hidden;
   event.currentTarget.setAttribute("aria-pressed", String(!raw.hidden));
 });
 
