@@ -480,7 +480,11 @@ def _check_takeover_page(
     )
     seqs = [seq for seq, _ in full]
     assert raw == [*seqs[:before], "takeover", *seqs[before:]]
-    page.wait_for_function("() => document.querySelectorAll('#attempts tr').length === 2")
+    # The summary and the attempts come from one answer: once it says the run settled,
+    # the attempts table is final too.
+    page.wait_for_function(
+        "() => document.querySelector('[data-field=status] .status').textContent === 'completed'"
+    )
     rows = page.eval_on_selector_all(
         "#attempts tr", "rs => rs.map(r => [...r.children].map(c => c.textContent))"
     )
