@@ -8,6 +8,8 @@ from typing import Any
 import httpx
 
 from tests.web.conftest import ApiKeys, WebServer
+from turnkeeper.config import Settings
+from turnkeeper.store.store import Store
 
 ECHO: dict[str, Any] = {"command": ["/bin/echo", "hi"], "format": "text"}
 
@@ -38,7 +40,12 @@ def test_the_runs_list_filters_searches_and_pages(bare_web: WebServer, api_keys:
         everything = alice.get("/runs")
         assert _ids(everything) == ["Beta-3", "alpha-2", "alpha-1"]  # alice's own, newest first
         body = everything.json()
-        assert (body["total"], body["offset"], body["limit"]) == (3, 0, 50)
+        assert (body["total"], body["total_exact"], body["offset"], body["limit"]) == (
+            3,
+            True,
+            0,
+            50,
+        )
         assert [run["agent"] for run in body["runs"]] == ["scripted", "/bin/echo", "scripted"]
         assert [run["status"] for run in body["runs"]] == ["queued", "queued", "aborted"]
 
@@ -99,3 +106,16 @@ def test_a_run_describes_its_prompt_and_its_attempts(
             "scripted",
             [],
         )
+
+
+def test_the_runs_count_stops_at_its_cap(
+    bare_web: WebServer, api_keys: ApiKeys, settings: Settings
+) -> None:
+    """The count a dashboard refreshes every few seconds reads at most ``most`` rows."""
+    with bare_web.http(api_keys.alice) as alice:
+        for number in range(3):
+            _submit(alice, f"counted-{number}", f"s-{number}")
+    with Store(settings.require_database_url(), pool_size=1) as store:
+        counts = [store.count_runs(key_name="alice", most=most) for most in (1, 2, 3, 50)]
+        assert counts == [1, 2, 3, 3]
+        assert store.count_runs(key_name="alice", search="counted-1", most=50) == 1

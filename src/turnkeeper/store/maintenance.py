@@ -75,9 +75,12 @@ class MaintenanceMixin(StoreBase):
         key_name: str | None = None,
         agent: str | None = None,
         search: str | None = None,
+        most: int = 10_000,
     ) -> int:
-        """How many runs ``list_runs`` would list with the same filters and no limit."""
+        """How many runs ``list_runs`` would list with the same filters and no limit,
+        counted up to ``most``."""
         params = self._run_filter(status, session_id, key_name, agent, search)
+        params["most"] = check_limit(most)
         row = self._db.one("count_runs", q.COUNT_RUNS, params)
         assert row is not None  # noqa: S101 - a count always returns a row
         return int(row["n"])

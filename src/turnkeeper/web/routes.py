@@ -44,6 +44,7 @@ log = structlog.get_logger(__name__)
 
 MAX_LIST_LIMIT = 1000
 MAX_LIST_OFFSET = 10_000_000
+MAX_COUNTED = 10_000  # the runs list counts its matches up to this many
 _COUNT = re.compile(r"[0-9]{1,7}")
 
 Caller = Annotated[Principal, Depends(authenticate)]
@@ -224,7 +225,8 @@ def _add_run_routes(api: APIRouter) -> None:
         """The newest runs first (the key's own; every run for an admin key), of one
         ``status``, ``session_id``, ``agent`` (a preset, or an inline command's program)
         and ``key`` (an admin key's filter), whose id holds ``search`` (any case);
-        ``limit`` runs after the first ``offset``, and ``total``, how many match."""
+        ``limit`` runs after the first ``offset``, and ``total``, how many match (at most
+        10,000: ``total_exact`` is false past it)."""
         count = parse_count(limit, "limit", default=50, most=MAX_LIST_LIMIT)
         skip = parse_index(offset, "offset", most=MAX_LIST_OFFSET)
         for value, what in ((session_id, "session_id"), (agent, "agent"), (search, "search")):
@@ -246,7 +248,7 @@ def _add_run_routes(api: APIRouter) -> None:
         client = _state(request).client
         store = client.store
         runs = client.list_runs(**filters, limit=count, offset=skip)
-        total = store.count_runs(**filters)
+        total = store.count_runs(**filters, most=MAX_COUNTED + 1)
         now = store.database_now()
         views = [
             run_view(run, store.get_turn_slot(run.run_id), now, _waiting_behind(store, run))
@@ -254,7 +256,8 @@ def _add_run_routes(api: APIRouter) -> None:
         ]
         return {
             "runs": views,
-            "total": total,
+            "total": min(total, MAX_COUNTED),
+            "total_exact": total <= MAX_COUNTED,
             "offset": skip,
             "limit": count,
             "now": now.isoformat(),

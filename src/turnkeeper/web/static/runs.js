@@ -88,10 +88,11 @@ function showPage(body, page) {
   const first = body.runs.length ? body.offset + 1 : 0;
   const last = body.offset + body.runs.length;
   const pages = Math.max(1, Math.ceil(body.total / body.limit));
-  document.getElementById("page-range").textContent =
-    body.total ? `${first}-${last} of ${body.total} · page ${page} of ${pages}` : "";
+  const more = body.total_exact ? "" : "+";  // counted only so far
+  document.getElementById("page-range").textContent = body.total
+    ? `${first}-${last} of ${body.total}${more} · page ${page} of ${pages}${more}` : "";
   document.getElementById("page-prev").disabled = page <= 1;
-  document.getElementById("page-next").disabled = last >= body.total;
+  document.getElementById("page-next").disabled = body.total_exact && last >= body.total;
   document.getElementById("no-runs").hidden = body.runs.length > 0;
   const table = document.querySelector("table.runs");
   table.dataset.total = String(body.total);
