@@ -6,6 +6,7 @@ revoked key) that sends the user back to the login page."""
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+import psycopg
 import pytest
 
 from tests.driver.fleet import Fleet
@@ -458,6 +460,20 @@ def _timeline(page: Any) -> list[int | str]:
     return [item if isinstance(item, str) else int(item) for item in items]
 
 
+def _stored_times(fleet: Fleet, run_id: str) -> dict[int, tuple[dt.datetime, dt.datetime]]:
+    """Per epoch: when its attempt first and last stored journal bytes (its segments are
+    those stored between its start and its end)."""
+    with psycopg.connect(fleet.settings.require_database_url()) as conn:
+        rows = conn.execute(
+            "SELECT a.epoch, min(s.created_at), max(s.created_at) FROM attempts a"
+            " JOIN segments s ON s.run_id = a.run_id AND s.created_at >= a.started_at"
+            " AND s.created_at <= COALESCE(a.ended_at, now())"
+            " WHERE a.run_id = %s GROUP BY a.epoch",
+            (run_id,),
+        ).fetchall()
+    return {int(epoch): (first, last) for epoch, first, last in rows}
+
+
 def _check_takeover_page(
     page: Any,
     *,
@@ -531,11 +547,17 @@ def test_a_takeover_is_marked_where_the_successor_began_after_a_sigkill(
     cause = {"crash": " (its process died)", "lease": " (its lease ran out)"}[
         attempts[0]["handover_cause"]
     ]
+    # The pause in the output: from the last bytes epoch 1 stored to the first of epoch 2
+    # (the agent wrote on meanwhile, so both stored some), on the database clock.
+    stored = _stored_times(fleet, "tk 1")
+    pause = round((stored[2][0] - stored[1][1]).total_seconds(), 3)
+    assert attempts[1]["takeover_seconds"] == pause
+    assert pause > 0
     # The page rounds as JavaScript's toFixed does: half up, on the float's exact value.
-    wait = Decimal(attempts[1]["handover_seconds"]).quantize(Decimal("0.1"), ROUND_HALF_UP)
+    shown = Decimal(pause).quantize(Decimal("0.1"), ROUND_HALF_UP)
     said = (
-        f"worker {owned.owner} stopped{cause}; epoch 2 took over {wait} s after the "
-        "handover; nothing was replayed to you"
+        f"worker {owned.owner} stopped{cause}; epoch 2 took over after {shown} s; "
+        "nothing was replayed to you"
     )
     full = fleet.log_of("tk 1")
     seqs = [seq for seq, _ in full]

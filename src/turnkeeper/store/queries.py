@@ -813,11 +813,20 @@ COUNT_RUNS = _sql(
     "SELECT count(*) AS n FROM (SELECT 1 FROM runs $runs_matching LIMIT :most) AS counted"
 )
 
-# A run's attempts, oldest first.
+# A run's attempts, oldest first, each with when it first and last stored journal
+# bytes (segments are fenced by the attempt, so those within its time are its own).
 RUN_ATTEMPTS = text("""
-SELECT attempt_id, epoch, owner, started_at, ended_at, outcome, handover_cause, log_seq
-FROM attempts WHERE run_id = :run_id
-ORDER BY epoch, started_at
+SELECT a.attempt_id, a.epoch, a.owner, a.started_at, a.ended_at, a.outcome,
+       a.handover_cause, a.log_seq, stored.first_stored_at, stored.last_stored_at
+FROM attempts a
+CROSS JOIN LATERAL (
+    SELECT min(s.created_at) AS first_stored_at, max(s.created_at) AS last_stored_at
+    FROM segments s
+    WHERE s.run_id = a.run_id AND s.created_at >= a.started_at
+      AND (a.ended_at IS NULL OR s.created_at <= a.ended_at)
+) stored
+WHERE a.run_id = :run_id
+ORDER BY a.epoch, a.started_at
 """)
 
 # Where a takeover's attempt began in the run log, recorded once, by the attempt.

@@ -145,6 +145,10 @@ class AttemptRecord:
     log_seq: int | None
     """Where a takeover's attempt began in the run log (the first seq it could append);
     None for a first claim and for a takeover that recorded none."""
+    first_stored_at: datetime | None = None
+    """When the attempt first stored journal bytes (None: it stored none)."""
+    last_stored_at: datetime | None = None
+    """When it last did."""
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> AttemptRecord:

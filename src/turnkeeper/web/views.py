@@ -61,16 +61,23 @@ def agent_name(payload: Any) -> str | None:
     return command[0] if isinstance(command, list) and command else None
 
 
+def _seconds(start: datetime | None, end: datetime | None) -> float | None:
+    return None if start is None or end is None else round((end - start).total_seconds(), 3)
+
+
 def attempt_views(attempts: list[AttemptRecord]) -> list[dict[str, Any]]:
     """A run's attempts, oldest first, numbered from 1. A takeover's attempt (every one
-    after the first) carries ``log_seq``, the first log seq it could append, and
-    ``handover_seconds``, from its predecessor's handover to its adoption."""
+    after the first) carries ``log_seq``, the first log seq it could append;
+    ``handover_seconds``, from its predecessor's handover to its adoption; and
+    ``takeover_seconds``, the pause in the run's output: from the last journal bytes
+    its predecessor stored to the first it stored (None when either stored none)."""
     views = []
     previous: AttemptRecord | None = None
     for number, attempt in enumerate(attempts, start=1):
-        wait = None
-        if previous is not None and previous.ended_at is not None:
-            wait = round((attempt.started_at - previous.ended_at).total_seconds(), 3)
+        wait = pause = None
+        if previous is not None:
+            wait = _seconds(previous.ended_at, attempt.started_at)
+            pause = _seconds(previous.last_stored_at, attempt.first_stored_at)
         views.append(
             {
                 "attempt": number,
@@ -83,6 +90,7 @@ def attempt_views(attempts: list[AttemptRecord]) -> list[dict[str, Any]]:
                 "handover_cause": attempt.handover_cause,
                 "log_seq": attempt.log_seq if previous is not None else None,
                 "handover_seconds": wait,
+                "takeover_seconds": pause,
             }
         )
         previous = attempt

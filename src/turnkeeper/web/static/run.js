@@ -176,7 +176,12 @@ const CAUSES = {
 
 function takeoverText(previous, attempt) {
   const cause = CAUSES[previous.handover_cause];
-  const wait = attempt.handover_seconds === null ? "" : ` ${attempt.handover_seconds.toFixed(1)} s after the handover`;
+  // The pause in the output the reader saw; else, the time from handover to adoption.
+  let wait = "";
+  if (attempt.takeover_seconds !== null) wait = ` after ${attempt.takeover_seconds.toFixed(1)} s`;
+  else if (attempt.handover_seconds !== null) {
+    wait = ` ${attempt.handover_seconds.toFixed(1)} s after the handover`;
+  }
   return `worker ${previous.owner} stopped${cause ? ` (${cause})` : ""}; ` +
     `epoch ${attempt.epoch} took over${wait}; nothing was replayed to you`;
 }
