@@ -485,6 +485,11 @@ def _check_takeover_page(
 ) -> None:
     """The run page of a settled run taken over once, after chunk ``before``."""
     page.wait_for_selector("#conversation[data-ended='true']")
+    # The summary, the attempts and the marks' words come from one answer: once it says
+    # the run settled, they are final.
+    page.wait_for_function(
+        "() => document.querySelector('[data-field=status] .status').textContent === 'completed'"
+    )
     page.wait_for_selector("#conversation .marker.takeover")
     assert _timeline(page) == expected
     mark = page.locator("#conversation .marker.takeover")
@@ -496,11 +501,6 @@ def _check_takeover_page(
     )
     seqs = [seq for seq, _ in full]
     assert raw == [*seqs[:before], "takeover", *seqs[before:]]
-    # The summary and the attempts come from one answer: once it says the run settled,
-    # the attempts table is final too.
-    page.wait_for_function(
-        "() => document.querySelector('[data-field=status] .status').textContent === 'completed'"
-    )
     rows = page.eval_on_selector_all(
         "#attempts tr", "rs => rs.map(r => [...r.children].map(c => c.textContent))"
     )

@@ -256,8 +256,14 @@ function placeTakeover(item) {
 
 function learnTakeovers(attempts) {
   attempts.forEach((attempt, index) => {
-    if (index === 0 || attempt.log_seq === null || marked.has(attempt.epoch)) return;
-    if (pending.some((item) => item.attempt.epoch === attempt.epoch)) return;
+    if (index === 0 || attempt.log_seq === null) return;
+    const known = conversation.querySelector(`.marker.takeover[data-takeover-epoch="${attempt.epoch}"]`)
+      || (pending.find((item) => item.attempt.epoch === attempt.epoch) || {}).node;
+    if (known) {  // its words may have changed: the pause is known once the successor stored output
+      known.lastChild.textContent = takeoverText(attempts[index - 1], attempt);
+      return;
+    }
+    if (marked.has(attempt.epoch)) return;
     const item = { attempt, node: takeoverMark(attempts[index - 1], attempt), raw: rawMark(attempt) };
     if (attempt.log_seq <= lastSeq) placeTakeover(item);
     else pending.push(item);
