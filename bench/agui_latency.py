@@ -180,14 +180,16 @@ async def live_events(
     return samples
 
 
-def report(title: str, samples: dict[str, list[float]]) -> None:
+def report(
+    title: str, samples: dict[str, list[float]], plain: str = "GET /runs/{id}/events"
+) -> None:
     print(title)
-    print(f"  {'route':<26} {'samples':>7} {'p50 ms':>8} {'p99 ms':>8}")
-    for name, label in (("plain", "GET /runs/{id}/events"), ("agui", f"POST /agui/{AGENT}")):
+    print(f"  {'route':<34} {'samples':>7} {'p50 ms':>8} {'p99 ms':>8}")
+    for name, label in (("plain", plain), ("agui", f"POST /agui/{AGENT}")):
         p50, p99 = percentiles(samples[name])
-        print(f"  {label:<26} {len(samples[name]):>7} {p50:>8.2f} {p99:>8.2f}")
+        print(f"  {label:<34} {len(samples[name]):>7} {p50:>8.2f} {p99:>8.2f}")
     (a50, a99), (p50, p99) = percentiles(samples["agui"]), percentiles(samples["plain"])
-    print(f"  {'ratio agui/plain':<26} {'':>7} {a50 / p50:>7.2f}x {a99 / p99:>7.2f}x")
+    print(f"  {'ratio agui/plain':<34} {'':>7} {a50 / p50:>7.2f}x {a99 / p99:>7.2f}x")
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
@@ -223,7 +225,11 @@ def main() -> None:
                 fleet.beat()
                 new, settled = asyncio.run(new_and_settled(base_url, key, store, args.runs))
             log.client.close()
-            report("a new run: request sent -> RUN_STARTED read", new)
+            report(
+                "a new run: request sent -> RUN_STARTED read",
+                new,
+                "POST /runs, GET /runs/{id}/events",
+            )
             report("a settled run, re-attached: request sent -> first event read", settled)
             report("each event of an open stream: chunk appended -> event read", live)
 

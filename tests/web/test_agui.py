@@ -188,6 +188,10 @@ def test_a_retried_post_reattaches_and_resumes_after_last_event_id(
     fleet: Fleet, web: WebServer, http: httpx.Client
 ) -> None:
     body = run_input("retry-thread", "x1", "tidy up")
+    # A resume of a run that does not exist admits nothing.
+    early = http.post("/agui/scripted", json=body, headers={"Last-Event-ID": "3"})
+    assert (early.status_code, early.json()["reason"]) == (400, "offset-ahead")
+    assert fleet.client.get("x1") is None
     first = post_stream(http, body)
     fleet.wait_settled("x1")
     log = fleet.log_of("x1")

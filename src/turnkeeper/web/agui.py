@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 REFUSED_EVENT = "turnkeeper.refused_event"
+UNAVAILABLE = "the run's log is unavailable; post again with Last-Event-ID to resume"
 MAX_PROBLEMS_SHOWN = 3
 
 # (opener, continuations, closer) of each kind the verifier keeps open.
@@ -301,7 +302,9 @@ def agui_router(*, ping_seconds: float) -> APIRouter:
             session_id=session_id,
             **options.model_dump(exclude_none=True),
         )
-        run = await run_in_threadpool(_admit_visible, request, principal, body, session_id, run_id)
+        run = await run_in_threadpool(
+            _admit_visible, request, principal, body, session_id, run_id, after
+        )
         sse.check_start(run, await state.run_log.state(run_id), after)
         gate = EventGate(run.run_id, run.session_id)
         if after > 0:
@@ -321,15 +324,26 @@ def agui_router(*, ping_seconds: float) -> APIRouter:
     return api
 
 
-def _admit_visible(
-    request: Request, principal: Principal, body: SubmitRequest, session_id: str, run_id: str
+def _admit_visible(  # noqa: PLR0917 - one call site
+    request: Request,
+    principal: Principal,
+    body: SubmitRequest,
+    session_id: str,
+    run_id: str,
+    after: int,
 ) -> Run:
     """Admit the run, or replay its admission; another tenant's session or run is the
-    same 404 as one that does not exist."""
+    same 404 as one that does not exist. A resume (``after``) needs an existing run."""
     visible_session(request, principal, session_id)
     existing = request.app.state.web.client.get(run_id)
     if existing is not None and not principal.sees(existing.key_name):
         raise RunNotFoundError(f"no run has the id {run_id!r}", run_id=run_id)
+    if existing is None and after > 0:
+        raise InvalidInputError(
+            f"Last-Event-ID {after} resumes a run, and no run has the id {run_id!r}",
+            run_id=run_id,
+            reason="offset-ahead",
+        )
     return admit(request, principal, body)
 
 
@@ -351,7 +365,10 @@ async def _frames(
                     yield frame
             elif event.get("event") == "log-error":
                 problem = orjson.loads(event["data"])
-                for frame in frames(gate.failed(problem["message"], problem["reason"]), None):
+                message, code = problem["message"], problem["reason"]
+                if problem["status"] >= 500:  # Redis's own words stay in the server's log
+                    message, code = UNAVAILABLE, "unavailable"
+                for frame in frames(gate.failed(message, code), None):
                     yield frame
             if gate.ended:
                 return
