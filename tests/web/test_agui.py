@@ -273,6 +273,9 @@ def test_refusals(fleet: Fleet, web: WebServer, api_keys: ApiKeys, http: httpx.C
             assert (response.status_code, response.json()["reason"]) == (400, "invalid-request")
             continue
         assert refused(payload) == expected, payload
+    for garbage in ("abc", "-1", "1" * 20):
+        bad_offset = http.post("/agui/scripted", json=fresh, headers={"Last-Event-ID": garbage})
+        assert (bad_offset.status_code, bad_offset.json()["reason"]) == (400, "invalid-offset")
     huge = run_input("t", "r", "x" * (fleet.settings.max_body_bytes + 1))
     assert http.post("/agui/scripted", json=huge).status_code == 413
     json_type = {"Content-Type": "application/json"}
