@@ -38,6 +38,8 @@ from turnkeeper.store.store import Store
 from turnkeeper.tasks import create_app
 
 CALLERS = 50
+ROUNDS = 5
+REPEATS = 3
 
 
 def summary(samples: list[float]) -> tuple[float, float]:
@@ -56,20 +58,21 @@ def admit(client: Client, runs: list[str]) -> None:
 
 
 def store_calls(settings: Settings, calls: int) -> None:
+    """Both clients in one loop, call for call (and batch for batch), so that the load
+    of a shared machine falls on both alike."""
     run_id = f"bench-get-{uuid.uuid4().hex[:8]}"
-    with Client.from_settings(settings) as client:
-        admit(client, [run_id])
-        sync_one = [timed(lambda: client.get(run_id)) for _ in range(calls)]
-        per_caller = max(1, calls // CALLERS)
+    per_caller = max(1, calls // CALLERS)
+    measured: dict[str, list[float]] = {
+        "sync-one": [],
+        "async-one": [],
+        "sync-many": [],
+        "async-many": [],
+    }
 
-        def caller(_: int) -> list[float]:
-            return [timed(lambda: client.get(run_id)) for _ in range(per_caller)]
-
-        with ThreadPoolExecutor(CALLERS) as pool:
-            sync_many = [ms for batch in pool.map(caller, range(CALLERS)) for ms in batch]
-
-    async def measure() -> tuple[list[float], list[float]]:
+    async def measure() -> None:
         async with AsyncClient.from_settings(settings) as aclient:
+            client = aclient.sync
+            admit(client, [run_id])
 
             async def one() -> float:
                 started = time.perf_counter()
@@ -79,24 +82,48 @@ def store_calls(settings: Settings, calls: int) -> None:
             async def acaller() -> list[float]:
                 return [await one() for _ in range(per_caller)]
 
-            alone = [await one() for _ in range(calls)]
-            batches = await asyncio.gather(*(acaller() for _ in range(CALLERS)))
-            return alone, [ms for batch in batches for ms in batch]
+            def caller(_: int) -> list[float]:
+                return [timed(lambda: client.get(run_id)) for _ in range(per_caller)]
 
-    async_one, async_many = asyncio.run(measure())
+            for _ in range(calls):
+                measured["sync-one"].append(timed(lambda: client.get(run_id)))
+                measured["async-one"].append(await one())
+            with ThreadPoolExecutor(CALLERS) as pool:
+                for _ in range(ROUNDS):
+                    batches = list(pool.map(caller, range(CALLERS)))
+                    measured["sync-many"] += [ms for batch in batches for ms in batch]
+                    batches = await asyncio.gather(*(acaller() for _ in range(CALLERS)))
+                    measured["async-many"] += [ms for batch in batches for ms in batch]
+
+    asyncio.run(measure())
     print(f"{'store get':<28} {'calls':>6} {'p50 ms':>8} {'p99 ms':>8}")
-    rows = [
-        ("Client, 1 caller", sync_one),
-        ("AsyncClient, 1 caller", async_one),
-        (f"Client, {CALLERS} threads", sync_many),
-        (f"AsyncClient, {CALLERS} coroutines", async_many),
-    ]
-    for label, samples in rows:
-        p50, p99 = summary(samples)
-        print(f"{label:<28} {len(samples):>6} {p50:>8.2f} {p99:>8.2f}")
-    for label, plain, ours in (("1 caller", sync_one, async_one), ("many", sync_many, async_many)):
-        (s50, s99), (a50, a99) = summary(plain), summary(ours)
-        print(f"{'ratio async/sync, ' + label:<28} {'':>6} {a50 / s50:>7.2f}x {a99 / s99:>7.2f}x")
+    labels = {
+        "sync-one": "Client, 1 caller",
+        "async-one": "AsyncClient, 1 caller",
+        "sync-many": f"Client, {CALLERS} threads",
+        "async-many": f"AsyncClient, {CALLERS} coroutines",
+    }
+    for name, label in labels.items():
+        p50, p99 = summary(measured[name])
+        print(f"{label:<28} {len(measured[name]):>6} {p50:>8.2f} {p99:>8.2f}")
+    for shape in ("one", "many"):
+        (s50, s99), (a50, a99) = (
+            summary(measured[f"sync-{shape}"]),
+            summary(measured[f"async-{shape}"]),
+        )
+        label = f"ratio async/sync, {shape}"
+        print(f"{label:<28} {'':>6} {a50 / s50:>7.2f}x {a99 / s99:>7.2f}x")
+
+
+def settled_threads(timeout: float = 60.0) -> int:
+    """The thread count once idle worker threads of earlier loops have exited (anyio's
+    linger a few seconds): what the next readers add is then theirs."""
+    deadline = time.monotonic() + timeout
+    while any(t.name.startswith("AnyIO worker") for t in threading.enumerate()):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    return threading.active_count()
 
 
 def writer(log: RunLog, runs: list[str], rounds: int, gap: float, ready: threading.Event) -> None:
@@ -136,11 +163,11 @@ class Readers:
 def follow(
     settings: Settings, streams: int, rounds: int, gap: float, mode: str
 ) -> tuple[list[float], int]:
-    """The latencies, and how many threads the process had beyond its own while parked."""
+    """The latencies, and how many threads the readers (and the writer) added while
+    parked on their logs."""
     runs = [f"bench-{mode}-{uuid.uuid4().hex[:8]}-{i}" for i in range(streams)]
     log = RunLog.from_settings(settings)
     readers = Readers(streams)
-    before = threading.active_count()
     # A connection a parked reader, in both modes, as the web app sizes its pool.
     pool = RunLog.from_settings(settings, max_connections=streams + 10)
     store = Store(settings.require_database_url())
@@ -148,6 +175,7 @@ def follow(
         admit(client, runs)
         for run_id in runs:
             log.fence(run_id, 1)
+        before = settled_threads()
         writing = threading.Thread(target=writer, args=(log, runs, rounds, gap, readers.ready))
         writing.start()
         if mode == "sync":
@@ -187,14 +215,23 @@ def follow(
 
 
 def following(settings: Settings, streams: int, rounds: int, gap: float) -> None:
-    print(f"\n{'events, ' + str(streams) + ' runs':<28} {'p50 ms':>8} {'p99 ms':>8} {'threads':>8}")
-    results = {}
-    for mode, label in (("sync", "Client, a thread a run"), ("async", "AsyncClient, one loop")):
-        samples, threads = follow(settings, streams, rounds, gap, mode)
-        results[mode] = p50, p99 = summary(samples)
-        print(f"{label:<28} {p50:>8.2f} {p99:>8.2f} {threads:>8}")
-    (s50, s99), (a50, a99) = results["sync"], results["async"]
-    print(f"{'ratio async/sync':<28} {a50 / s50:>7.2f}x {a99 / s99:>7.2f}x")
+    """Both modes in turn, ``REPEATS`` times, so that load swings fall on both."""
+    modes = {"sync": "Client, a thread a run", "async": "AsyncClient, one loop"}
+    samples: dict[str, list[float]] = {mode: [] for mode in modes}
+    threads: dict[str, int] = dict.fromkeys(modes, 0)
+    for _ in range(REPEATS):
+        for mode in modes:
+            got, added = follow(settings, streams, rounds, gap, mode)
+            samples[mode] += got
+            threads[mode] = max(threads[mode], added)
+    title = f"events, {streams} runs"
+    print(f"\n{title:<28} {'events':>6} {'p50 ms':>8} {'p99 ms':>8} {'threads':>8}")
+    for mode, label in modes.items():
+        p50, p99 = summary(samples[mode])
+        print(f"{label:<28} {len(samples[mode]):>6} {p50:>8.2f} {p99:>8.2f} {threads[mode]:>8}")
+    (s50, s99), (a50, a99) = summary(samples["sync"]), summary(samples["async"])
+    ratio = threads["async"] / max(1, threads["sync"])
+    print(f"{'ratio async/sync':<28} {'':>6} {a50 / s50:>7.2f}x {a99 / s99:>7.2f}x {ratio:>7.2f}x")
 
 
 def main() -> None:

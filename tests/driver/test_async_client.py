@@ -90,7 +90,9 @@ def test_an_async_session_sends_a_follow_up(fleet: Fleet, tmp_path: Path) -> Non
 
 
 async def _cancel_queued(settings: Settings) -> tuple[Run, list[tuple[int, Chunk]], Run | None]:
-    async with AsyncClient.from_settings(settings) as client:
+    async with AsyncClient.from_urls(
+        settings.require_database_url(), settings.require_redis_url(), namespace=settings.namespace
+    ) as client:
         run = await client.submit("scripted", "never runs", run_id="async-cancel")
         again = await client.submit("scripted", "never runs", run_id="async-cancel")
         assert again.run_id == run.run_id
