@@ -65,6 +65,8 @@ async def _two_messages(settings: Settings) -> tuple[list[list[tuple[int, Chunk]
             assert (await reply.refresh()).status is RunStatus.COMPLETED
             # What is stored now, without following, is the stream just read.
             assert [event async for event in reply.events(follow=False)] == streams[-1]
+            # A reader resuming after seq 3 gets the rest, each once (a closed log, too).
+            assert [event async for event in reply.events(3)] == streams[-1][3:]
         runs = await chat.runs()
         entries = await chat.transcript()
         assert [run.session_id for run in runs] == ["async-chat", "async-chat"]
