@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import anyio
@@ -31,11 +31,11 @@ from turnkeeper.errors import (
 )
 from turnkeeper.hosts import fleet_view
 from turnkeeper.log.quota import STREAM_RENEW_SECONDS
-from turnkeeper.store.records import Run, RunStatus, check_id
+from turnkeeper.store.records import Run, RunStatus, check_id, check_key_name, check_status
 from turnkeeper.store.store import Store
 from turnkeeper.web import sse
 from turnkeeper.web.auth import Principal, authenticate, bearer_key, require_visible
-from turnkeeper.web.views import entry_view, events_path, run_view
+from turnkeeper.web.views import attempt_views, entry_view, events_path, run_view
 
 if TYPE_CHECKING:
     from turnkeeper.web.app import WebState
@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 MAX_LIST_LIMIT = 1000
+MAX_LIST_OFFSET = 10_000_000
+MAX_COUNTED = 10_000  # the runs list counts its matches up to this many
 _COUNT = re.compile(r"[0-9]{1,7}")
 
 Caller = Annotated[Principal, Depends(authenticate)]
@@ -74,7 +76,7 @@ class SessionRunRequest(BaseModel):
     def _utf8_only(cls, data: Any) -> Any:
         """JSON's ``\\ud800`` escapes decode to lone surrogates, which no UTF-8 store,
         log or sandbox can hold: refused here, with every other malformed body."""
-        if _has_lone_surrogate(data):
+        if has_lone_surrogate(data):
             raise PydanticCustomError(
                 "lone_surrogate", "a string of the body holds a lone UTF-16 surrogate"
             )
@@ -88,7 +90,7 @@ class SubmitRequest(SessionRunRequest):
     session_id: str | None = None
 
 
-def _has_lone_surrogate(value: Any) -> bool:
+def has_lone_surrogate(value: Any) -> bool:
     """Whether a decoded JSON value holds a string (or key) UTF-8 cannot encode."""
     pending = [value]
     while pending:
@@ -112,6 +114,18 @@ def parse_count(raw: str | None, name: str, *, default: int, most: int) -> int:
     if _COUNT.fullmatch(raw) is None or not 1 <= int(raw) <= most:
         raise InvalidInputError(
             f"{name} must be an integer from 1 to {most}, got {raw[:20]!r}",
+            reason=f"invalid-{name}",
+        )
+    return int(raw)
+
+
+def parse_index(raw: str | None, name: str, *, most: int) -> int:
+    """A query position: ASCII digits only, from 0 to ``most`` (0 when absent)."""
+    if raw is None:
+        return 0
+    if _COUNT.fullmatch(raw) is None or int(raw) > most:
+        raise InvalidInputError(
+            f"{name} must be an integer from 0 to {most}, got {raw[:20]!r}",
             reason=f"invalid-{name}",
         )
     return int(raw)
@@ -153,8 +167,13 @@ def _visible_run(request: Request, principal: Principal, run_id: str) -> Run:
 
 
 def submit(request: Request, principal: Principal, body: SubmitRequest) -> dict[str, Any]:
+    """Admit ``body`` as the principal's run and describe it with its stream URL."""
+    return _described(request, admit(request, principal, body))
+
+
+def admit(request: Request, principal: Principal, body: SubmitRequest) -> Run:
     """Admit ``body`` as the principal's run (the catalog, the key's rights and its rate
-    decide), enqueue it, and describe it with its stream URL."""
+    decide) and enqueue it; an identical replay returns the run admitted before."""
     state = _state(request)
     checked = (
         (body.run_id, "run_id"),
@@ -186,7 +205,7 @@ def submit(request: Request, principal: Principal, body: SubmitRequest) -> dict[
         from_entry=body.parent_entry_id,
     )
     log.info("web.run.submitted", run_id=run.run_id, key_name=principal.name)
-    return _described(request, run)
+    return run
 
 
 def _add_run_routes(api: APIRouter) -> None:
@@ -199,25 +218,55 @@ def _add_run_routes(api: APIRouter) -> None:
     def list_runs(
         request: Request,
         principal: Caller,
+        *,
         status: str | None = None,
         session_id: str | None = None,
+        agent: str | None = None,
+        key: str | None = None,
+        search: str | None = None,
         limit: str | None = None,
+        offset: str | None = None,
     ) -> dict[str, Any]:
-        """The newest runs first (the key's own; every run for an admin key)."""
+        """The newest runs first (the key's own; every run for an admin key), of one
+        ``status``, ``session_id``, ``agent`` (a preset, or an inline command's program)
+        and ``key`` (an admin key's filter), whose id holds ``search`` (any case);
+        ``limit`` runs after the first ``offset``, and ``total``, how many match (at most
+        10,000: ``total_exact`` is false past it)."""
         count = parse_count(limit, "limit", default=50, most=MAX_LIST_LIMIT)
-        if session_id is not None:
-            check_id(session_id, "session_id")
+        skip = parse_index(offset, "offset", most=MAX_LIST_OFFSET)
+        for value, what in ((session_id, "session_id"), (agent, "agent"), (search, "search")):
+            if value is not None:
+                check_id(value, what)
+        if key is not None:
+            check_key_name(key)
+            if key != principal.name:
+                principal.require_admin("the key filter of another key's runs")
+        if status is not None:
+            check_status(status)
+        filters = {
+            "status": status,
+            "session_id": session_id,
+            "agent": agent,
+            "search": search,
+            "key_name": key if key is not None else principal.tenant_filter,
+        }
         client = _state(request).client
-        runs = client.list_runs(
-            status=status, session_id=session_id, key_name=principal.tenant_filter, limit=count
-        )
-        now = client.store.database_now()
         store = client.store
+        runs = client.list_runs(**filters, limit=count, offset=skip)
+        total = store.count_runs(**filters, most=MAX_COUNTED + 1)
+        now = store.database_now()
         views = [
             run_view(run, store.get_turn_slot(run.run_id), now, _waiting_behind(store, run))
             for run in runs
         ]
-        return {"runs": views, "now": now.isoformat()}
+        return {
+            "runs": views,
+            "total": min(total, MAX_COUNTED),
+            "total_exact": total <= MAX_COUNTED,
+            "offset": skip,
+            "limit": count,
+            "now": now.isoformat(),
+        }
 
     @api.post("/runs/{run_id:path}/cancel", tags=["runs"])
     def cancel_run(run_id: str, request: Request, principal: Caller) -> dict[str, Any]:
@@ -227,8 +276,13 @@ def _add_run_routes(api: APIRouter) -> None:
 
     @api.get("/runs/{run_id:path}", tags=["runs"])
     def get_run(run_id: str, request: Request, principal: Caller) -> dict[str, Any]:
-        """A run's status, phase, epoch, attempts, owner, lease, and its stream URL."""
-        return _described(request, _visible_run(request, principal, run_id))
+        """A run's status, phase, epoch, owner, lease, its stream URL, its prompt, and
+        its attempts (each with where a takeover's attempt began in the log)."""
+        run = _visible_run(request, principal, run_id)
+        view = _described(request, run)
+        view["prompt"] = run.payload.get("prompt") if isinstance(run.payload, dict) else None
+        view["attempts"] = attempt_views(_state(request).client.store.attempts(run.run_id))
+        return view
 
     @api.get("/sessions/{session_id:path}/transcript", tags=["sessions"])
     def transcript(session_id: str, request: Request, principal: Caller) -> dict[str, Any]:
@@ -244,7 +298,7 @@ def _add_run_routes(api: APIRouter) -> None:
         return {"session_id": session_id, "entries": [entry_view(e) for e in entries]}
 
 
-def _visible_session(request: Request, principal: Principal, session_id: str) -> bool:
+def visible_session(request: Request, principal: Principal, session_id: str) -> bool:
     """Whether the session exists; the same 404 for one of another tenant's as for none."""
     check_id(session_id, "session_id")
     exists, tenant = _state(request).client.store.session_tenant(session_id)
@@ -261,14 +315,14 @@ def _add_session_routes(api: APIRouter) -> None:
         """A message of the session: a run that continues its conversation, queued
         behind the session's active run (``waiting_behind``); the first one opens the
         session. Idempotent by ``run_id``."""
-        _visible_session(request, principal, session_id)
+        visible_session(request, principal, session_id)
         return submit(request, principal, SubmitRequest(**dict(body), session_id=session_id))
 
     @api.get("/sessions/{session_id:path}", tags=["sessions"])
     def session(session_id: str, request: Request, principal: Caller) -> dict[str, Any]:
         """The session's transcript tree (every entry, oldest first, each with its parent
         and whether it is on the active path, root to leaf) and its runs, oldest first."""
-        if not _visible_session(request, principal, session_id):
+        if not visible_session(request, principal, session_id):
             raise SessionNotFoundError(
                 f"no session has the id {session_id!r}", session_id=session_id
             )
@@ -331,44 +385,53 @@ def _add_event_route(api: APIRouter, *, ping_seconds: float) -> None:
         # Streams count against the caller's key, or the run's owner for a token
         # (a trusted client's run, owned by no key, is not counted).
         charged = principal.name if principal is not None else run.key_name
-        slot = None if charged is None else (charged, await state.stream_slots.acquire(charged))
-        metrics = state.metrics
-
-        async def renew_slot(key_name: str, slot_id: str) -> None:
-            while True:
-                await asyncio.sleep(STREAM_RENEW_SECONDS)
-                await state.stream_slots.renew(key_name, slot_id)
-
-        async def stream() -> AsyncIterator[dict[str, Any]]:
-            metrics.open_streams.inc()
-            renewer = None if slot is None else asyncio.create_task(renew_slot(*slot))
-            try:
-                with contextlib.ExitStack() as watching:
-                    source = sse.events(
-                        state.run_log,
-                        run_id,
-                        after,
-                        on_first_event=metrics.first_event_seconds.observe,
-                    )
-                    if charged is not None:
-                        revoked = watching.enter_context(state.revocations.watch(charged))
-                        source = sse.until_revoked(source, revoked, charged)
-                    async for event in source:
-                        if "id" in event:
-                            metrics.events_sent.inc()
-                        yield event
-            finally:
-                metrics.open_streams.dec()
-                if renewer is not None:
-                    renewer.cancel()
-                if slot is not None:
-                    await _release(state, *slot)
-
         return EventSourceResponse(
-            stream(),
+            await counted_events(state, run_id, after, charged),
             ping=ping_seconds,
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
+
+
+async def counted_events(
+    state: WebState, run_id: str, after: int, charged: str | None
+) -> AsyncGenerator[dict[str, Any], None]:
+    """The run's SSE events after ``after`` (``sse.events``), counted as one of
+    ``charged``'s streams (a slot is taken now: 429 past the key's cap) and ended by
+    that key's revocation; ``charged`` None: a trusted client's run, not counted."""
+    slot = None if charged is None else (charged, await state.stream_slots.acquire(charged))
+    metrics = state.metrics
+
+    async def renew_slot(key_name: str, slot_id: str) -> None:
+        while True:
+            await asyncio.sleep(STREAM_RENEW_SECONDS)
+            await state.stream_slots.renew(key_name, slot_id)
+
+    async def stream() -> AsyncGenerator[dict[str, Any], None]:
+        metrics.open_streams.inc()
+        renewer = None if slot is None else asyncio.create_task(renew_slot(*slot))
+        try:
+            with contextlib.ExitStack() as watching:
+                source = sse.events(
+                    state.run_log,
+                    run_id,
+                    after,
+                    on_first_event=metrics.first_event_seconds.observe,
+                )
+                if charged is not None:
+                    revoked = watching.enter_context(state.revocations.watch(charged))
+                    source = sse.until_revoked(source, revoked, charged)
+                async for event in source:
+                    if "id" in event:
+                        metrics.events_sent.inc()
+                    yield event
+        finally:
+            metrics.open_streams.dec()
+            if renewer is not None:
+                renewer.cancel()
+            if slot is not None:
+                await _release(state, *slot)
+
+    return stream()
 
 
 async def _release(state: WebState, key_name: str, slot: str) -> None:
