@@ -81,8 +81,10 @@ def run_script(
     *,
     timeout: float = 180,
     env: dict[str, str] | None = None,
+    command: list[str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``tests/web/node/<script>`` from a private copy inside ``prefix``."""
+    """Run ``tests/web/node/<script>`` from a private copy inside ``prefix`` (or run
+    ``command`` in the copy's directory: a test runner that finds it there)."""
     runs = prefix / "runs"
     runs.mkdir(exist_ok=True)
     place = runs / uuid.uuid4().hex
@@ -91,7 +93,7 @@ def run_script(
         copy = place / script
         shutil.copyfile(SCRIPTS / script, copy)
         return subprocess.run(
-            ["node", str(copy), *args],
+            command or ["node", str(copy), *args],
             cwd=place,
             capture_output=True,
             text=True,

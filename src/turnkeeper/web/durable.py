@@ -36,8 +36,7 @@ import anyio
 import orjson
 import structlog
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
-from sse_starlette import EventSourceResponse
+from fastapi.responses import Response, StreamingResponse
 
 from turnkeeper.chunks import Chunk
 from turnkeeper.errors import (
@@ -219,11 +218,14 @@ async def _reading(
             await close()
 
 
-async def wait_for_chunk(run_log: AsyncRunLog, run_id: str, after: int, seconds: float) -> None:
-    """Return once a chunk after ``after`` is stored, the log closed, or ``seconds`` passed."""
+async def wait_for_chunk(run_log: AsyncRunLog, run_id: str, after: int, seconds: float) -> bool:
+    """Return once a chunk after ``after`` is stored or the log closed (True), or when
+    ``seconds`` passed (False)."""
     with anyio.move_on_after(seconds):
         async with _reading(run_log, run_id, after) as reader:
             await anext(reader, None)
+        return True
+    return False
 
 
 def _start(run: Run, state: LogState, offset: int | None) -> int:
@@ -309,7 +311,7 @@ def durable_router(
         live: str | None = None,
         cursor: str | None = None,
         token: str | None = None,
-    ) -> Response | EventSourceResponse:
+    ) -> Response:
         """The run's chunks after ``offset`` as a JSON array (catch-up), waiting for
         the next ones (``live=long-poll``), or as SSE ``data``/``control`` events
         (``live=sse``)."""
@@ -418,31 +420,35 @@ async def _sse(
     client_cursor: str | None,
     ping_seconds: float,
     seconds: float,
-) -> EventSourceResponse:
+) -> StreamingResponse:
     charged = _charged(run, principal)
     slot = StreamSlot(state, charged)
     await slot.__aenter__()  # a 429 before the response starts
 
-    async def events() -> AsyncIterator[dict[str, Any]]:
+    async def frames() -> AsyncIterator[bytes]:
         try:
             with _revocation(state, charged) as revoked:
-                async for event in sse_events(
+                async for frame in sse_frames(
                     state.run_log,
                     run.run_id,
                     after,
                     client_cursor=client_cursor,
                     seconds=seconds,
+                    ping_seconds=ping_seconds,
                     revoked=revoked,
                 ):
-                    yield event
+                    yield frame
         finally:
             await slot.__aexit__()
 
-    return EventSourceResponse(
-        events(),
-        ping=ping_seconds,
-        headers={**_HEADERS, "X-Accel-Buffering": "no"},
-    )
+    # The protocol's exact media type (no charset parameter), and no caching anywhere.
+    headers = {
+        **_HEADERS,
+        "Content-Type": "text/event-stream",
+        "Cache-Control": "no-cache, no-store",
+        "X-Accel-Buffering": "no",
+    }
+    return StreamingResponse(frames(), headers=headers)
 
 
 @contextlib.contextmanager
@@ -454,19 +460,30 @@ def _revocation(state: WebState, key_name: str | None) -> Iterator[asyncio.Event
         yield revoked
 
 
-async def sse_events(
+def sse_frame(event: str, data: bytes) -> bytes:
+    """One SSE event. ``data`` is compact JSON: it holds no line break, so a chunk can
+    never end an event early or inject one."""
+    return b"event: " + event.encode() + b"\ndata:" + data + b"\n\n"
+
+
+PING: Final = b": ping\n\n"
+
+
+async def sse_frames(
     run_log: AsyncRunLog,
     run_id: str,
     after: int,
     *,
     client_cursor: str | None,
     seconds: float,
+    ping_seconds: float,
     revoked: asyncio.Event,
-) -> AsyncIterator[dict[str, Any]]:
-    """``data`` events (a JSON array of chunks each) and their ``control`` events from
-    ``after``, until the log is closed (a last control with ``streamClosed``), the
-    response has lasted ``seconds``, or the key it counts against is revoked (the
-    stream just ends: the client's reconnect is then refused)."""
+) -> AsyncIterator[bytes]:
+    """``data`` events (a JSON array of chunks each), each followed by its ``control``
+    event, from ``after``; until the log is closed (a last control with
+    ``streamClosed``), the response has lasted ``seconds``, or the key it counts
+    against is revoked (the stream just ends: the client's reconnect is refused).
+    A comment every ``ping_seconds`` of silence keeps proxies from cutting it."""
     deadline = anyio.current_time() + seconds
     cursor = response_cursor(client_cursor)
     position = after
@@ -475,35 +492,45 @@ async def sse_events(
         page = await read_page(run_log, run_id, position, await run_log.state(run_id))
         if page.chunks:
             position = page.next_seq
-            yield {"event": "data", "data": page.body().decode()}
-            yield {"event": "control", "data": orjson.dumps(page.control(cursor)).decode()}
+            yield sse_frame("data", page.body())
+            yield sse_frame("control", orjson.dumps(page.control(cursor)))
             if page.at_end or anyio.current_time() >= deadline:
                 return
             announced = page.up_to_date
             continue
         if page.closed or not announced:
-            yield {"event": "control", "data": orjson.dumps(page.control(cursor)).decode()}
+            yield sse_frame("control", orjson.dumps(page.control(cursor)))
             if page.closed:
                 return
             announced = True
         remaining = deadline - anyio.current_time()
         if remaining <= 0:
             return
-        await _wait_or_revoked(run_log, run_id, position, remaining, revoked)
+        if not await _wait_or_revoked(
+            run_log, run_id, position, min(remaining, ping_seconds), revoked
+        ):
+            yield PING
 
 
 async def _wait_or_revoked(
     run_log: AsyncRunLog, run_id: str, after: int, seconds: float, revoked: asyncio.Event
-) -> None:
+) -> bool:
+    """Whether a chunk came (or the log closed, or the key was revoked) within ``seconds``."""
+    woken = False
+
     async with anyio.create_task_group() as group:
 
         async def wait_chunk() -> None:
-            await wait_for_chunk(run_log, run_id, after, seconds)
+            nonlocal woken
+            woken = await wait_for_chunk(run_log, run_id, after, seconds) or woken
             group.cancel_scope.cancel()
 
         async def wait_revoked() -> None:
+            nonlocal woken
             await revoked.wait()
+            woken = True
             group.cancel_scope.cancel()
 
         group.start_soon(wait_chunk)
         group.start_soon(wait_revoked)
+    return woken
