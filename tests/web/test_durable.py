@@ -20,6 +20,7 @@ from tests.web.conftest import ApiKeys, WebServer, stream_tokens
 from tests.web.durable_streams import LogWriter, chunk, stream_path, submit_run
 from turnkeeper.config import Settings
 from turnkeeper.log.keys import stream_slots_key
+from turnkeeper.store.store import Store
 from turnkeeper.web import create_app
 from turnkeeper.web.durable import format_offset
 
@@ -397,10 +398,43 @@ def test_many_long_polls_count_against_the_keys_streams(
         server.stop()
 
 
-def _wait_for_slots(settings: Settings, key_name: str, count: int) -> None:
+def _wait_for_slots(settings: Settings, key_name: str, count: int, *, fewest: bool = True) -> None:
+    """Wait until ``key_name`` holds at least (``fewest``) or exactly ``count`` open streams."""
     writer = LogWriter.open(settings, "slot-probe")
     key = stream_slots_key(settings.namespace, key_name)
     deadline = time.monotonic() + 120
-    while writer.log.client.zcard(key) < count:
-        assert time.monotonic() < deadline, "the long-polls never took their slots"
+    while True:
+        held = writer.log.client.zcard(key)
+        if held >= count if fewest else held == count:
+            return
+        assert time.monotonic() < deadline, f"{key_name} holds {held} streams, not {count}"
         time.sleep(0.02)
+
+
+def test_revoking_the_key_ends_its_sse_reads_and_refuses_the_reconnect(
+    settings: Settings, api_keys: ApiKeys
+) -> None:
+    with Store(settings.require_database_url(), pool_size=1) as store:
+        carol = store.create_key("carol")
+    # A lifetime far past the hang guard below: only the revocation can end this read.
+    server = WebServer.start_app(create_app(settings, ping_seconds=0.5, sse_seconds=600.0))
+    try:
+        with server.http(carol) as client:
+            submit_run(client, "revoked-sse")
+            LogWriter.open(settings, "revoked-sse").append(chunk(1))
+            url = f"{stream_path('revoked-sse')}?offset=-1&live=sse"
+            seen: list[tuple[str, Any]] = []
+            reading = threading.Thread(target=lambda: seen.extend(_sse_events(client, url)))
+            reading.start()
+            _wait_for_slots(settings, "carol", 1)
+            with Store(settings.require_database_url(), pool_size=1) as store:
+                store.revoke_key("carol")
+            reading.join(120)
+            assert not reading.is_alive(), "the revoked key's SSE read went on"
+            assert [name for name, _ in seen] == ["data", "control"]
+            assert seen[0][1] == [chunk(1)]
+            refused = client.get(url)
+            assert refused.status_code == 401
+            _wait_for_slots(settings, "carol", 0, fewest=False)
+    finally:
+        server.stop()

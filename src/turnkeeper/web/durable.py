@@ -41,6 +41,7 @@ from fastapi.responses import Response, StreamingResponse
 from turnkeeper.chunks import Chunk
 from turnkeeper.errors import (
     InvalidInputError,
+    LogError,
     LogOffsetError,
     MethodNotAllowedError,
     TurnkeeperError,
@@ -488,28 +489,34 @@ async def sse_frames(
     cursor = response_cursor(client_cursor)
     position = after
     announced = False
-    while not revoked.is_set():
-        page = await read_page(run_log, run_id, position, await run_log.state(run_id))
-        if page.chunks:
-            position = page.next_seq
-            yield sse_frame("data", page.body())
-            yield sse_frame("control", orjson.dumps(page.control(cursor)))
-            if page.at_end or anyio.current_time() >= deadline:
+    try:
+        while not revoked.is_set():
+            page = await read_page(run_log, run_id, position, await run_log.state(run_id))
+            if page.chunks:
+                position = page.next_seq
+                yield sse_frame("data", page.body())
+                yield sse_frame("control", orjson.dumps(page.control(cursor)))
+                if page.at_end or anyio.current_time() >= deadline:
+                    return
+                announced = page.up_to_date
+                continue
+            if page.closed or not announced:
+                yield sse_frame("control", orjson.dumps(page.control(cursor)))
+                if page.closed:
+                    return
+                announced = True
+            remaining = deadline - anyio.current_time()
+            if remaining <= 0:
                 return
-            announced = page.up_to_date
-            continue
-        if page.closed or not announced:
-            yield sse_frame("control", orjson.dumps(page.control(cursor)))
-            if page.closed:
-                return
-            announced = True
-        remaining = deadline - anyio.current_time()
-        if remaining <= 0:
-            return
-        if not await _wait_or_revoked(
-            run_log, run_id, position, min(remaining, ping_seconds), revoked
-        ):
-            yield PING
+            if not await _wait_or_revoked(
+                run_log, run_id, position, min(remaining, ping_seconds), revoked
+            ):
+                yield PING
+    except LogError as exc:
+        # Retention removed the range under the reader, or Redis failed: the protocol
+        # has no error event, so the response ends and the client's reconnect from
+        # its last offset gets the status (410, 503).
+        log.warning("durable.sse.failed", run_id=run_id, offset=position, error=str(exc))
 
 
 async def _wait_or_revoked(
