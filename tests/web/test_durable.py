@@ -46,17 +46,20 @@ def alice(durable_web: WebServer, api_keys: ApiKeys) -> Iterator[httpx.Client]:
 
 def _sse_events(http: httpx.Client, url: str) -> list[tuple[str, Any]]:
     """(event, parsed data) of an SSE response until the server ends it; comments skipped."""
-    out: list[tuple[str, Any]] = []
+    return list(_iter_sse(http, url))
+
+
+def _iter_sse(http: httpx.Client, url: str) -> Iterator[tuple[str, Any]]:
     with http.stream("GET", url) as response:
         assert response.status_code == 200, response.read()
-        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.headers["content-type"] == "text/event-stream"
         event, data = "message", []
         for line in response.iter_lines():
             if line.startswith(":"):
                 continue
             if line == "":
                 if data:
-                    out.append((event, json.loads("\n".join(data))))
+                    yield event, json.loads("\n".join(data))
                 event, data = "message", []
                 continue
             name, _, value = line.partition(":")
@@ -65,7 +68,6 @@ def _sse_events(http: httpx.Client, url: str) -> list[tuple[str, Any]]:
                 event = value
             elif name == "data":
                 data.append(value)
-    return out
 
 
 def _stream_headers(response: httpx.Response) -> dict[str, str]:
@@ -424,9 +426,12 @@ def test_revoking_the_key_ends_its_sse_reads_and_refuses_the_reconnect(
             LogWriter.open(settings, "revoked-sse").append(chunk(1))
             url = f"{stream_path('revoked-sse')}?offset=-1&live=sse"
             seen: list[tuple[str, Any]] = []
-            reading = threading.Thread(target=lambda: seen.extend(_sse_events(client, url)))
+            reading = threading.Thread(target=lambda: seen.extend(_iter_sse(client, url)))
             reading.start()
-            _wait_for_slots(settings, "carol", 1)
+            deadline = time.monotonic() + 120
+            while len(seen) < 2:  # the read is open and caught up: revoke now
+                assert time.monotonic() < deadline, "the SSE read never started"
+                time.sleep(0.02)
             with Store(settings.require_database_url(), pool_size=1) as store:
                 store.revoke_key("carol")
             reading.join(120)
