@@ -58,6 +58,7 @@ from turnkeeper.log.quota import StreamSlots, SubmitRate
 from turnkeeper.logconfig import configure_logging
 from turnkeeper.secret import STREAM_TOKENS, ServerSecret
 from turnkeeper.store.records import check_id
+from turnkeeper.web.agui import agui_router
 from turnkeeper.web.durable import (
     DEFAULT_LONG_POLL_SECONDS,
     DEFAULT_SSE_SECONDS,
@@ -223,6 +224,7 @@ def create_app(
     app.add_middleware(SecurityHeaders)
     _install_error_handlers(app)
     app.include_router(api_router(ping_seconds=ping_seconds))
+    app.include_router(agui_router(ping_seconds=ping_seconds))
     app.include_router(
         durable_router(
             ping_seconds=ping_seconds,
