@@ -27,7 +27,8 @@ def client_prefix() -> Path:
 
 
 def _read(prefix: Path, **options: Any) -> dict[str, Any]:
-    done = run_script(prefix, "durable_read.mjs", [json.dumps(options)])
+    # A hang guard: a live read lasts as long as its run, which a loaded machine slows.
+    done = run_script(prefix, "durable_read.mjs", [json.dumps(options)], timeout=420)
     assert done.returncode == 0, done.stderr
     result: dict[str, Any] = json.loads(done.stdout)
     assert "error" not in result, result
