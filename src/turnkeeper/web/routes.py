@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import anyio
@@ -26,6 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from turnkeeper.errors import (
     AuthenticationError,
     InvalidInputError,
+    ServiceError,
     SessionNotFoundError,
     TurnkeeperError,
 )
@@ -35,6 +36,7 @@ from turnkeeper.store.records import Run, RunStatus, check_id
 from turnkeeper.store.store import Store
 from turnkeeper.web import sse
 from turnkeeper.web.auth import Principal, authenticate, bearer_key, require_visible
+from turnkeeper.web.fanout import DRAIN_GRACE_SECONDS, is_chunk_frame
 from turnkeeper.web.views import entry_view, events_path, run_view
 
 if TYPE_CHECKING:
@@ -328,33 +330,33 @@ def _add_event_route(api: APIRouter, *, ping_seconds: float) -> None:
                     reason="revoked-key",
                 )
         sse.check_start(run, await state.run_log.state(run_id), after)
+        if state.fanout.closed:
+            raise ServiceError("the web server is shutting down", reason="shutting-down")
         # Streams count against the caller's key, or the run's owner for a token
         # (a trusted client's run, owned by no key, is not counted).
         charged = principal.name if principal is not None else run.key_name
         slot = None if charged is None else (charged, await state.stream_slots.acquire(charged))
         metrics = state.metrics
+        subscription = state.fanout.subscribe(
+            run_id, after, on_first_event=metrics.first_event_seconds.observe
+        )
 
         async def renew_slot(key_name: str, slot_id: str) -> None:
             while True:
                 await asyncio.sleep(STREAM_RENEW_SECONDS)
                 await state.stream_slots.renew(key_name, slot_id)
 
-        async def stream() -> AsyncIterator[dict[str, Any]]:
+        async def stream() -> AsyncIterator[bytes | dict[str, Any]]:
             metrics.open_streams.inc()
             renewer = None if slot is None else asyncio.create_task(renew_slot(*slot))
             try:
                 with contextlib.ExitStack() as watching:
-                    source = sse.events(
-                        state.run_log,
-                        run_id,
-                        after,
-                        on_first_event=metrics.first_event_seconds.observe,
-                    )
+                    source: AsyncGenerator[bytes | dict[str, Any], None] = subscription.frames()
                     if charged is not None:
                         revoked = watching.enter_context(state.revocations.watch(charged))
                         source = sse.until_revoked(source, revoked, charged)
                     async for event in source:
-                        if "id" in event:
+                        if isinstance(event, bytes) and is_chunk_frame(event):
                             metrics.events_sent.inc()
                         yield event
             finally:
@@ -364,10 +366,14 @@ def _add_event_route(api: APIRouter, *, ping_seconds: float) -> None:
                 if slot is not None:
                     await _release(state, *slot)
 
-        return EventSourceResponse(
+        return sse.CuttableEventSourceResponse(
             stream(),
+            cut=subscription.cut,
             ping=ping_seconds,
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+            # Under `turnkeeper web`, sse-starlette sees the shutdown too: it lets the
+            # fan-out end the stream cleanly before it cancels it.
+            shutdown_grace_period=DRAIN_GRACE_SECONDS,
         )
 
 
