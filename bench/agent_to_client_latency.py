@@ -337,7 +337,12 @@ def main() -> None:
     args = parser.parse_args()
     configure_logging("WARNING")
     secret = secrets.token_hex(16)
-    with tempfile.TemporaryDirectory() as tmp, bench_fleet(Path(tmp), secret=secret) as fleet:
+    # The agent is this interpreter: the jail shows it read-only.
+    binds = ",".join(dict.fromkeys([sys.prefix, sys.base_prefix]))
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        bench_fleet(Path(tmp), secret=secret, sandbox_ro_binds=binds) as fleet,
+    ):
         fleet.worker()
         port = free_port("127.0.0.1", 0)
         web = fleet.start("web", "--port", str(port))
