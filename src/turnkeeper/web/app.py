@@ -67,7 +67,8 @@ from turnkeeper.web.tokens import StreamTokens
 log = structlog.get_logger(__name__)
 
 STATIC_DIR = Path(str(files("turnkeeper.web") / "static"))
-# Each run streamed parks one Redis connection in XREAD BLOCK; past this many, new runs get 503.
+# Each run streamed parks one Redis connection in XREAD BLOCK (turnkeeper.web.fanout); past
+# this many, the streams of a further run end at once with a log-error of status 503.
 MAX_FEED_CONNECTIONS = 4096
 # Short commands (state, pages, stream slots) share a bounded pool; a burst waits for one.
 MAX_COMMAND_CONNECTIONS = 64
