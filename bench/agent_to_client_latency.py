@@ -64,7 +64,7 @@ WRITERS = 4
 def agent_argv(lines: int) -> list[str]:
     script = (
         "import time\n"
-        f"time.sleep(1.0)\n"  # the clients connect meanwhile
+        "time.sleep(3.0)\n"  # the clients connect meanwhile (the plain ones before it starts)
         f"for _ in range({lines}):\n"
         "    print(time.time_ns(), flush=True)\n"
         f"    time.sleep({GAP})\n"
@@ -107,20 +107,18 @@ async def ours(  # noqa: PLR0917 - one call site
     url = f"/runs/{run.run_id}/events?token={tokens.issue(run.run_id)}"
     samples: list[float] = []
     measured: dict[str, Any] = {}
-    opened = 0
 
-    def one_opened() -> None:
-        nonlocal opened
-        opened += 1
-        if opened == n:  # the agent sleeps a second before its first line
-            measured["rss"] = rss_kb(web_pid)
-            measured["connections"] = web_connections(client.settings)
+    async def measure() -> None:
+        while len(samples) < n:  # about one line each: every stream is open and fed
+            await asyncio.sleep(0.01)
+        measured["rss"] = rss_kb(web_pid)
+        measured["connections"] = await asyncio.to_thread(web_connections, client.settings)
 
     limits = httpx.Limits(max_connections=n + 10, max_keepalive_connections=0)
     async with httpx.AsyncClient(
-        base_url=base_url, timeout=httpx.Timeout(10.0, read=None), limits=limits
+        base_url=base_url, timeout=httpx.Timeout(120.0, read=None), limits=limits
     ) as http:
-        await asyncio.gather(*(sse_client(http, url, samples, one_opened) for _ in range(n)))
+        await asyncio.gather(measure(), *(sse_client(http, url, samples) for _ in range(n)))
     return samples, (measured["rss"] - before) / n, measured["connections"]
 
 
@@ -128,10 +126,14 @@ async def plain(redis_url: str, lines: int, n: int) -> list[float]:
     key = f"plain-e2e-{uuid.uuid4().hex[:8]}"
     samples: list[float] = []
 
-    async def reader() -> None:
-        conn = redis.asyncio.Redis.from_url(redis_url, socket_timeout=None)
+    async def reader(ready: asyncio.Event) -> None:
+        conn = redis.asyncio.Redis.from_url(
+            redis_url, socket_timeout=None, socket_connect_timeout=120
+        )
         last = "0-0"
         try:
+            await conn.ping()
+            ready.set()
             while True:
                 reply = await conn.xread({key: last}, block=5000, count=100)
                 for _, entries in reply or []:
@@ -154,7 +156,10 @@ async def plain(redis_url: str, lines: int, n: int) -> list[float]:
         sync.delete(key)
         sync.close()
 
-    readers = [asyncio.create_task(reader()) for _ in range(n)]
+    readies = [asyncio.Event() for _ in range(n)]
+    readers = [asyncio.create_task(reader(ready)) for ready in readies]
+    for ready in readies:
+        await ready.wait()
     await asyncio.to_thread(produce)
     await asyncio.gather(*readers)
     return samples
@@ -254,7 +259,7 @@ def fleet_ours(  # noqa: PLR0917 - one call site
                 thread.start()
             await asyncio.sleep(gap * min(lines, 4))  # every feed has parked by now
             measured["rss"] = rss_kb(web_pid)
-            measured["connections"] = web_connections(settings)
+            measured["connections"] = await asyncio.to_thread(web_connections, settings)
             for thread in writers:
                 await asyncio.to_thread(thread.join)
             for run_id in run_ids:
@@ -277,7 +282,9 @@ async def fleet_plain(redis_url: str, runs: int, lines: int, gap: float) -> list
         writers_sync[writer].xadd(key, {"c": str(time.time_ns())})
 
     async def reader(key: str, ready: asyncio.Event) -> None:
-        conn = redis.asyncio.Redis.from_url(redis_url, socket_timeout=None)
+        conn = redis.asyncio.Redis.from_url(
+            redis_url, socket_timeout=None, socket_connect_timeout=120
+        )
         last = "0-0"
         try:
             await conn.ping()
