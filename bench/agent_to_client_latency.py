@@ -153,7 +153,6 @@ async def plain(redis_url: str, lines: int, n: int) -> list[float]:
             sync.xadd(key, {"c": line})
         proc.wait()
         sync.xadd(key, {"end": b"1"})
-        sync.delete(key)
         sync.close()
 
     readies = [asyncio.Event() for _ in range(n)]
@@ -162,6 +161,9 @@ async def plain(redis_url: str, lines: int, n: int) -> list[float]:
         await ready.wait()
     await asyncio.to_thread(produce)
     await asyncio.gather(*readers)
+    cleanup = redis.Redis.from_url(redis_url)
+    cleanup.delete(key)  # once every reader has read the end (a deleted key never ends)
+    cleanup.close()
     return samples
 
 
