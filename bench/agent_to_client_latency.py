@@ -12,12 +12,13 @@ Then the fleet's usual shape, each user watching their own run: 200 runs, and
 hold that many live turns (a turn holds a whole prefork process), so these runs'
 lines are appended to the fenced log as their owners would (``RunLog.append``,
 one line per run every ``--fleet-gap`` seconds, stamped with time.time_ns()), by a
-few writer threads; plain is the same writers XADDing to plain streams, one
-client per stream on XREAD BLOCK. For each case: p50 and p99 of both paths, the
-web process's RSS per open stream (RSS with the streams open minus RSS before,
-per stream), and its Redis connections (CLIENT LIST by the names it gives them:
-parked feed reads, and short commands). The load average is printed with them:
-the machine may be shared.
+few writer threads, once every client has a first, untimed chunk (as the plain
+readers are connected before their writers start); plain is the same writers
+XADDing to plain streams, one client per stream on XREAD BLOCK. For each case:
+p50 and p99 of both paths, the web process's RSS per open stream (RSS with the
+streams open minus RSS before, per stream), and its Redis connections (CLIENT
+LIST by the names it gives them: parked feed reads, and short commands). The load
+average is printed with them: the machine may be shared.
 
     .venv/bin/python bench/agent_to_client_latency.py [--lines 150] [--fleet-lines 20]
         [--fleet-gap 0.5] [--cases 1,200,200x1,1000x1]
@@ -81,8 +82,6 @@ async def sse_client(
 ) -> None:
     async with http.stream("GET", url) as response:
         assert response.status_code == 200, response.status_code
-        if opened is not None:
-            opened()
         buffer: list[str] = []
         async for line in response.aiter_lines():
             buffer.append(line)
@@ -91,6 +90,9 @@ async def sse_client(
             for _, event, data in parse_stream(buffer):
                 if event != "message":
                     return
+                if opened is not None:  # its first event: the stream is open and fed
+                    opened()
+                    opened = None
                 chunk = orjson.loads(data)
                 if chunk.get("type") == "TEXT_MESSAGE_CONTENT":
                     out.append(latency_ms(chunk["delta"]))
@@ -225,11 +227,14 @@ def fleet_ours(  # noqa: PLR0917 - one call site
             store.admit_run(run_id, run_id, {"bench": True}, max_attempts=1, deadline=600)
     logs = [RunLog.from_settings(settings) for _ in range(WRITERS)]
     for run_id in run_ids:
+        # A first chunk, not timed: the writers start once every client has it, as the
+        # plain readers are connected before their writers start.
         logs[0].fence(run_id, 1)
+        logs[0].append(run_id, 1, 1, [{"type": "CUSTOM", "name": "warm-up", "value": 0}])
 
-    def append(writer: int, run_id: str, seq: int) -> None:
+    def append(writer: int, run_id: str, line: int) -> None:
         chunk = {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m", "delta": str(time.time_ns())}
-        logs[writer].append(run_id, 1, seq, [chunk])
+        logs[writer].append(run_id, 1, line + 1, [chunk])
 
     samples: list[float] = []
     before = rss_kb(web_pid)
