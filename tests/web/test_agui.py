@@ -190,7 +190,10 @@ def test_a_retried_post_reattaches_and_resumes_after_last_event_id(
     body = run_input("retry-thread", "x1", "tidy up")
     # A resume of a run that does not exist admits nothing.
     early = http.post("/agui/scripted", json=body, headers={"Last-Event-ID": "3"})
-    assert (early.status_code, early.json()["reason"]) == (400, "offset-ahead")
+    assert (early.status_code, early.json()) == (
+        404,
+        {"error": "no run has the id 'x1'", "run_id": "x1"},
+    )
     assert fleet.client.get("x1") is None
     first = post_stream(http, body)
     fleet.wait_settled("x1")
@@ -229,6 +232,17 @@ def test_refusals(fleet: Fleet, web: WebServer, api_keys: ApiKeys, http: httpx.C
             "error": "no session has the id 'alice-thread'",
             "session_id": "alice-thread",
         }
+        # A resume tells Alice's run from no run no better: the same status and body.
+        for run_id in ("a1", "never-made"):
+            resume = bob.post(
+                "/agui/scripted",
+                json=run_input("bob-thread", run_id, "tidy up"),
+                headers={"Last-Event-ID": "1"},
+            )
+            assert (resume.status_code, resume.json()) == (
+                404,
+                {"error": f"no run has the id {run_id!r}", "run_id": run_id},
+            ), run_id
     assert [r.run_id for r in fleet.client.list_runs()] == ["a1"]
 
     def refused(payload: Any, agent: str = "scripted") -> tuple[int, str]:
