@@ -52,6 +52,7 @@ def fleet_page(state: WebState, minutes: int) -> dict[str, Any]:
         "minutes": minutes,
         "host_dead_after": settings.host_dead_after,
         "lease_ttl": settings.lease_ttl,
+        "beat_interval": settings.host_beacon_interval,
         "workers": _workers(slots),
         "awaiting_adoption": [
             {"run_id": run_id, "epoch": epoch, "waiting_seconds": round(waited, 3)}
