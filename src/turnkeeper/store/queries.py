@@ -1082,27 +1082,31 @@ WITH bounds AS (
     SELECT date_trunc('minute', now()) AS last,
         date_trunc('minute', now()) - make_interval(mins => CAST(:minutes AS integer) - 1)
             AS since
-), started AS (
+), started AS MATERIALIZED (
     SELECT date_trunc('minute', r.started_at) AS minute, count(*) AS n
     FROM runs r, bounds b WHERE r.started_at >= b.since GROUP BY 1
-), settled AS (
-    SELECT date_trunc('minute', r.finished_at) AS minute, r.status, count(*) AS n
-    FROM runs r, bounds b
-    WHERE r.finished_at >= b.since AND r.status IN ('completed', 'failed', 'aborted')
-    GROUP BY 1, 2
-), takeovers AS (
-    SELECT date_trunc('minute', a.ended_at) AS minute,
-        COALESCE(a.handover_cause, 'lease') AS cause, count(*) AS n
-    FROM attempts a, bounds b WHERE a.outcome = 'superseded' AND a.ended_at >= b.since
-    GROUP BY 1, 2
+), settled AS MATERIALIZED (
+    SELECT minute, jsonb_object_agg(status, n) AS by_status FROM (
+        SELECT date_trunc('minute', r.finished_at) AS minute, r.status, count(*) AS n
+        FROM runs r, bounds b
+        WHERE r.finished_at >= b.since AND r.status IN ('completed', 'failed', 'aborted')
+        GROUP BY 1, 2) s
+    GROUP BY minute
+), takeovers AS MATERIALIZED (
+    SELECT minute, jsonb_object_agg(cause, n) AS by_cause FROM (
+        SELECT date_trunc('minute', a.ended_at) AS minute,
+            COALESCE(a.handover_cause, 'lease') AS cause, count(*) AS n
+        FROM attempts a, bounds b WHERE a.outcome = 'superseded' AND a.ended_at >= b.since
+        GROUP BY 1, 2) t
+    GROUP BY minute
 )
-SELECT m.minute,
-    COALESCE((SELECT s.n FROM started s WHERE s.minute = m.minute), 0) AS started,
-    COALESCE((SELECT jsonb_object_agg(s.status, s.n) FROM settled s
-              WHERE s.minute = m.minute), '{}') AS settled,
-    COALESCE((SELECT jsonb_object_agg(t.cause, t.n) FROM takeovers t
-              WHERE t.minute = m.minute), '{}') AS takeovers
-FROM bounds b, generate_series(b.since, b.last, interval '1 minute') AS m(minute)
+SELECT m.minute, COALESCE(s.n, 0) AS started, COALESCE(se.by_status, '{}') AS settled,
+    COALESCE(t.by_cause, '{}') AS takeovers
+FROM bounds b
+CROSS JOIN generate_series(b.since, b.last, interval '1 minute') AS m(minute)
+LEFT JOIN started s ON s.minute = m.minute
+LEFT JOIN settled se ON se.minute = m.minute
+LEFT JOIN takeovers t ON t.minute = m.minute
 ORDER BY m.minute
 """)
 
