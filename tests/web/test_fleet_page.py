@@ -143,11 +143,12 @@ def test_the_fleet_page_shows_a_worker_start_own_a_run_and_go_when_killed(
     page.wait_for_function(
         "() => document.querySelectorAll('#workers [data-owned-run]').length === 0"
     )
-    queues = page.eval_on_selector_all(
-        "#queues [data-queue]",
-        "rows => rows.map(r => [r.dataset.kind, r.querySelector('.depth').textContent])",
+    # Every message consumed (a loaded machine may have repeated the run's trigger).
+    page.wait_for_function(
+        """() => JSON.stringify([...document.querySelectorAll('#queues [data-queue]')].map(
+               r => [r.dataset.kind, r.querySelector('.depth').textContent])) ===
+           JSON.stringify([["turns", "0"], ["control", "0"], ["host", "0"]])"""
     )
-    assert queues == [["turns", "0"], ["control", "0"], ["host", "0"]]
     # Icons are inline SVG: no character that needs an emoji font.
     text = page.locator("main").inner_text()
     assert all(ord(ch) < 0x2190 or ch == "\u2265" for ch in text), text  # below arrows; ≥
