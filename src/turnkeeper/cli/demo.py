@@ -172,11 +172,14 @@ def _stream(
             chunk: Chunk = orjson.loads(data)
             received.append((int(event_id), chunk))
             if takeover.killed_at is not None and takeover.resumed_at is None:
-                takeover.resumed_at = time.monotonic()
                 if takeover.taken_at is None:  # the epoch watcher may not have looked yet
                     _look_at_epoch(client, run_id, takeover)
-                renderer.close()
-                console.print(_takeover_line(takeover), highlight=False)
+                # A chunk the killed worker appended just before it died can still come
+                # after the kill; the new epoch's first one comes after the takeover.
+                if takeover.taken_at is not None:
+                    takeover.resumed_at = time.monotonic()
+                    renderer.close()
+                    console.print(_takeover_line(takeover), highlight=False)
             renderer.render(chunk)
             results += chunk.get("type") == "TOOL_CALL_RESULT"
             if results == 1 and takeover.killed_at is None:
