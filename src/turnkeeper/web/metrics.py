@@ -22,7 +22,8 @@ What the store records is read on every scrape too:
 
 Measured in this process: HTTP request latency per route, the time from
 opening a stream to its first event, open streams (and, for the fleet page, the
-most open in each of the last minutes), and events sent.
+most open in each of the last minutes), events sent, streams dropped for falling
+behind, and the runs read from Redis (``turnkeeper.web.fanout``).
 """
 
 from __future__ import annotations
@@ -202,6 +203,16 @@ class WebMetrics:
         self.streams = OpenStreams(self.open_streams)
         self.events_sent = Counter(
             "turnkeeper_sse_events", "Chunks sent on SSE streams.", registry=self.registry
+        )
+        self.streams_dropped = Counter(
+            "turnkeeper_sse_dropped",
+            "Streams cut because their client fell too far behind (it resumes).",
+            registry=self.registry,
+        )
+        self.feeds = Gauge(
+            "turnkeeper_sse_feeds",
+            "Runs this process reads from Redis now, one parked read each.",
+            registry=self.registry,
         )
 
     def observe_request(self, method: str, route: str, status: int, started: float) -> None:

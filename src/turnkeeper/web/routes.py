@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from collections.abc import AsyncGenerator, Callable
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import anyio
 import structlog
@@ -26,18 +26,20 @@ from starlette.concurrency import run_in_threadpool
 from turnkeeper.errors import (
     AuthenticationError,
     InvalidInputError,
+    ServiceError,
     SessionNotFoundError,
     TurnkeeperError,
 )
 from turnkeeper.hosts import fleet_view
 from turnkeeper.log.quota import STREAM_RENEW_SECONDS
 from turnkeeper.store.fleet import MAX_MINUTES
-from turnkeeper.store.records import Run, RunStatus, check_id
+from turnkeeper.store.records import Run, RunStatus, check_id, check_key_name, check_status
 from turnkeeper.store.store import Store
 from turnkeeper.web import sse
 from turnkeeper.web.auth import Principal, authenticate, bearer_key, require_visible
+from turnkeeper.web.fanout import DRAIN_GRACE_SECONDS, is_chunk_frame
 from turnkeeper.web.fleet import fleet_page
-from turnkeeper.web.views import entry_view, events_path, run_view
+from turnkeeper.web.views import attempt_views, entry_view, events_path, run_view
 
 if TYPE_CHECKING:
     from turnkeeper.web.app import WebState
@@ -45,9 +47,12 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 MAX_LIST_LIMIT = 1000
+MAX_LIST_OFFSET = 10_000_000
+MAX_COUNTED = 10_000  # the runs list counts its matches up to this many
 _COUNT = re.compile(r"[0-9]{1,7}")
 
 Caller = Annotated[Principal, Depends(authenticate)]
+Event = TypeVar("Event")
 
 
 class SessionRunRequest(BaseModel):
@@ -114,6 +119,18 @@ def parse_count(raw: str | None, name: str, *, default: int, most: int) -> int:
     if _COUNT.fullmatch(raw) is None or not 1 <= int(raw) <= most:
         raise InvalidInputError(
             f"{name} must be an integer from 1 to {most}, got {raw[:20]!r}",
+            reason=f"invalid-{name}",
+        )
+    return int(raw)
+
+
+def parse_index(raw: str | None, name: str, *, most: int) -> int:
+    """A query position: ASCII digits only, from 0 to ``most`` (0 when absent)."""
+    if raw is None:
+        return 0
+    if _COUNT.fullmatch(raw) is None or int(raw) > most:
+        raise InvalidInputError(
+            f"{name} must be an integer from 0 to {most}, got {raw[:20]!r}",
             reason=f"invalid-{name}",
         )
     return int(raw)
@@ -206,25 +223,55 @@ def _add_run_routes(api: APIRouter) -> None:
     def list_runs(
         request: Request,
         principal: Caller,
+        *,
         status: str | None = None,
         session_id: str | None = None,
+        agent: str | None = None,
+        key: str | None = None,
+        search: str | None = None,
         limit: str | None = None,
+        offset: str | None = None,
     ) -> dict[str, Any]:
-        """The newest runs first (the key's own; every run for an admin key)."""
+        """The newest runs first (the key's own; every run for an admin key), of one
+        ``status``, ``session_id``, ``agent`` (a preset, or an inline command's program)
+        and ``key`` (an admin key's filter), whose id holds ``search`` (any case);
+        ``limit`` runs after the first ``offset``, and ``total``, how many match (at most
+        10,000: ``total_exact`` is false past it)."""
         count = parse_count(limit, "limit", default=50, most=MAX_LIST_LIMIT)
-        if session_id is not None:
-            check_id(session_id, "session_id")
+        skip = parse_index(offset, "offset", most=MAX_LIST_OFFSET)
+        for value, what in ((session_id, "session_id"), (agent, "agent"), (search, "search")):
+            if value is not None:
+                check_id(value, what)
+        if key is not None:
+            check_key_name(key)
+            if key != principal.name:
+                principal.require_admin("the key filter of another key's runs")
+        if status is not None:
+            check_status(status)
+        filters = {
+            "status": status,
+            "session_id": session_id,
+            "agent": agent,
+            "search": search,
+            "key_name": key if key is not None else principal.tenant_filter,
+        }
         client = _state(request).client
-        runs = client.list_runs(
-            status=status, session_id=session_id, key_name=principal.tenant_filter, limit=count
-        )
-        now = client.store.database_now()
         store = client.store
+        runs = client.list_runs(**filters, limit=count, offset=skip)
+        total = store.count_runs(**filters, most=MAX_COUNTED + 1)
+        now = store.database_now()
         views = [
             run_view(run, store.get_turn_slot(run.run_id), now, _waiting_behind(store, run))
             for run in runs
         ]
-        return {"runs": views, "now": now.isoformat()}
+        return {
+            "runs": views,
+            "total": min(total, MAX_COUNTED),
+            "total_exact": total <= MAX_COUNTED,
+            "offset": skip,
+            "limit": count,
+            "now": now.isoformat(),
+        }
 
     @api.post("/runs/{run_id:path}/cancel", tags=["runs"])
     def cancel_run(run_id: str, request: Request, principal: Caller) -> dict[str, Any]:
@@ -234,8 +281,13 @@ def _add_run_routes(api: APIRouter) -> None:
 
     @api.get("/runs/{run_id:path}", tags=["runs"])
     def get_run(run_id: str, request: Request, principal: Caller) -> dict[str, Any]:
-        """A run's status, phase, epoch, attempts, owner, lease, and its stream URL."""
-        return _described(request, _visible_run(request, principal, run_id))
+        """A run's status, phase, epoch, owner, lease, its stream URL, its prompt, and
+        its attempts (each with where a takeover's attempt began in the log)."""
+        run = _visible_run(request, principal, run_id)
+        view = _described(request, run)
+        view["prompt"] = run.payload.get("prompt") if isinstance(run.payload, dict) else None
+        view["attempts"] = attempt_views(_state(request).client.store.attempts(run.run_id))
+        return view
 
     @api.get("/sessions/{session_id:path}/transcript", tags=["sessions"])
     def transcript(session_id: str, request: Request, principal: Caller) -> dict[str, Any]:
@@ -338,10 +390,19 @@ def _add_event_route(api: APIRouter, *, ping_seconds: float) -> None:
         # Streams count against the caller's key, or the run's owner for a token
         # (a trusted client's run, owned by no key, is not counted).
         charged = principal.name if principal is not None else run.key_name
-        return EventSourceResponse(
-            await counted_events(state, run_id, after, charged),
+        if state.fanout.closed:
+            raise ServiceError("the web server is shutting down", reason="shutting-down")
+        subscription = state.fanout.subscribe(
+            run_id, after, on_first_event=state.metrics.first_event_seconds.observe
+        )
+        return sse.CuttableEventSourceResponse(
+            await _counted(state, subscription.frames(), charged, _is_chunk_frame),
+            cut=subscription.cut,
             ping=ping_seconds,
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+            # Under `turnkeeper web`, sse-starlette sees the shutdown too: it lets the
+            # fan-out end the stream cleanly before it cancels it.
+            shutdown_grace_period=DRAIN_GRACE_SECONDS,
         )
 
 
@@ -350,7 +411,35 @@ async def counted_events(
 ) -> AsyncGenerator[dict[str, Any], None]:
     """The run's SSE events after ``after`` (``sse.events``), counted as one of
     ``charged``'s streams (a slot is taken now: 429 past the key's cap) and ended by
-    that key's revocation; ``charged`` None: a trusted client's run, not counted."""
+    that key's revocation; ``charged`` None: a trusted client's run, not counted.
+
+    For a client that needs the chunks themselves (AG-UI): its own read of the log, on
+    the feeds' pool. ``GET /runs/{id}/events`` shares one read per run
+    (``turnkeeper.web.fanout``)."""
+    source = sse.events(
+        state.fanout.feed_log,
+        run_id,
+        after,
+        on_first_event=state.metrics.first_event_seconds.observe,
+    )
+    return await _counted(state, source, charged, _is_chunk_event)
+
+
+def _is_chunk_event(event: dict[str, Any] | bytes) -> bool:
+    return isinstance(event, dict) and "id" in event
+
+
+def _is_chunk_frame(event: dict[str, Any] | bytes) -> bool:
+    return isinstance(event, bytes) and is_chunk_frame(event)
+
+
+async def _counted(
+    state: WebState,
+    source: AsyncGenerator[Event, None],
+    charged: str | None,
+    is_chunk: Callable[[Any], bool],
+) -> AsyncGenerator[Event | dict[str, Any], None]:
+    """``source`` counted as one of ``charged``'s streams and ended by its revocation."""
     slot = None if charged is None else (charged, await state.stream_slots.acquire(charged))
     metrics = state.metrics
 
@@ -359,22 +448,17 @@ async def counted_events(
             await asyncio.sleep(STREAM_RENEW_SECONDS)
             await state.stream_slots.renew(key_name, slot_id)
 
-    async def stream() -> AsyncGenerator[dict[str, Any], None]:
+    async def stream() -> AsyncGenerator[Event | dict[str, Any], None]:
         metrics.streams.opened()
         renewer = None if slot is None else asyncio.create_task(renew_slot(*slot))
         try:
             with contextlib.ExitStack() as watching:
-                source = sse.events(
-                    state.run_log,
-                    run_id,
-                    after,
-                    on_first_event=metrics.first_event_seconds.observe,
-                )
+                events: AsyncGenerator[Event | dict[str, Any], None] = source
                 if charged is not None:
                     revoked = watching.enter_context(state.revocations.watch(charged))
-                    source = sse.until_revoked(source, revoked, charged)
-                async for event in source:
-                    if "id" in event:
+                    events = sse.until_revoked(source, revoked, charged)
+                async for event in events:
+                    if is_chunk(event):
                         metrics.events_sent.inc()
                     yield event
         finally:
