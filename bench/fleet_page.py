@@ -1,4 +1,4 @@
-"""The fleet page's reads with the indexes of migration 0008 against the same statements
+"""The fleet page's reads with the indexes of migration 0009 against the same statements
 without them, and what those indexes cost every lease renewal, in one run.
 
 A scratch database holds N settled runs spread over the last days (one attempt each,
