@@ -3,17 +3,17 @@
 // their box (so text stays legible on a phone). No library, no build step; colours
 // come from CSS classes (fleet.css), never inline styles (the CSP forbids them).
 
-const SVG_NS = "http://www.w3.org/2000/svg";
+const CHART_NS = "http://www.w3.org/2000/svg";
 
-function svg(tag, attrs, text) {
-  const node = document.createElementNS(SVG_NS, tag);
+function chartNode(tag, attrs, text) {
+  const node = document.createElementNS(CHART_NS, tag);
   for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
   if (text !== undefined && text !== null) node.textContent = String(text);
   return node;
 }
 
 // 16x16 line icons (stroke: currentColor), so they take the text's colour.
-const ICON_PATHS = {
+const LINE_ICON_PATHS = {
   worker: ["M2.5 3.5h11v4h-11z", "M2.5 8.5h11v4h-11z", "M5 5.5h.01", "M5 10.5h.01"],
   busy: ["M8 2.5a5.5 5.5 0 1 0 0 11a5.5 5.5 0 1 0 0-11z", "M6.5 5.5l4 2.5l-4 2.5z"],
   idle: ["M8 2.5a5.5 5.5 0 1 0 0 11a5.5 5.5 0 1 0 0-11z", "M5.5 8h5"],
@@ -25,8 +25,8 @@ const ICON_PATHS = {
   wait: ["M5 2.5h6", "M5 13.5h6", "M5.5 2.5c0 3 5 3 5 5.5s-5 2.5-5 5.5", "M10.5 2.5c0 3-5 3-5 5.5s5 2.5 5 5.5"],
 };
 
-function icon(name, label) {
-  const node = svg("svg", {
+function lineIcon(name, label) {
+  const node = chartNode("svg", {
     class: `icon icon-${name}`, viewBox: "0 0 16 16", width: 16, height: 16,
     fill: "none", stroke: "currentColor", "stroke-width": 1.5,
     "stroke-linecap": "round", "stroke-linejoin": "round",
@@ -34,11 +34,11 @@ function icon(name, label) {
   if (label) {
     node.setAttribute("role", "img");
     node.setAttribute("aria-label", label);
-    node.append(svg("title", {}, label));
+    node.append(chartNode("title", {}, label));
   } else {
     node.setAttribute("aria-hidden", "true");
   }
-  for (const d of ICON_PATHS[name]) node.append(svg("path", { d }));
+  for (const d of LINE_ICON_PATHS[name]) node.append(chartNode("path", { d }));
   return node;
 }
 
@@ -72,17 +72,17 @@ function barChart(box, opts) {
   const barW = Math.max(1, slot * (n > 30 ? 0.86 : 0.7));
   const y = (value) => pad.top + plotH - (value / top) * plotH;
 
-  const chart = svg("svg", {
+  const chart = chartNode("svg", {
     class: "chart-svg", width, height, viewBox: `0 0 ${width} ${height}`, role: "img",
     "aria-label": box.querySelector("figcaption")?.textContent || "chart",
   });
   for (let k = 0; k <= 3; k += 1) {
     const value = (top / 3) * k;
-    chart.append(svg("line", {
+    chart.append(chartNode("line", {
       class: k === 0 ? "axis" : "grid", x1: pad.left, x2: width - pad.right, y1: y(value), y2: y(value),
     }));
     const text = Number.isInteger(value) ? String(value) : value.toFixed(1);
-    chart.append(svg("text", { class: "tick", x: pad.left - 5, y: y(value) + 3.5, "text-anchor": "end" }, text));
+    chart.append(chartNode("text", { class: "tick", x: pad.left - 5, y: y(value) + 3.5, "text-anchor": "end" }, text));
   }
   opts.labels.forEach((label, i) => {
     let base = 0;
@@ -90,11 +90,11 @@ function barChart(box, opts) {
     for (const s of opts.series) {
       const value = s.values[i];
       if (value > 0) {
-        const rect = svg("rect", {
+        const rect = chartNode("rect", {
           class: `bar bar-${s.key}`, x: x.toFixed(2), width: barW.toFixed(2),
           y: y(base + value).toFixed(2), height: (y(base) - y(base + value)).toFixed(2),
         });
-        rect.append(svg("title", {}, `${label}: ${value} ${s.name}`));
+        rect.append(chartNode("title", {}, `${label}: ${value} ${s.name}`));
         chart.append(rect);
       }
       base += value;
@@ -109,7 +109,7 @@ function barChart(box, opts) {
     const x = Math.min(width - half - 1, Math.max(pad.left + half, pad.left + slot * i + slot / 2));
     if (x + half > leftmost - 6) continue;
     leftmost = x - half;
-    chart.append(svg("text", {
+    chart.append(chartNode("text", {
       class: "tick", x: x.toFixed(2), y: height - 8, "text-anchor": "middle",
     }, tick));
   }
@@ -119,11 +119,11 @@ function barChart(box, opts) {
       const x0 = pad.left + slot * i;
       d += `${i === 0 ? "M" : "L"}${x0.toFixed(2)} ${y(value).toFixed(2)}H${(x0 + slot).toFixed(2)}`;
     });
-    chart.append(svg("path", { class: `line line-${opts.line.key}`, d }));
+    chart.append(chartNode("path", { class: `line line-${opts.line.key}`, d }));
   }
   const all = [...opts.series, ...(opts.line ? [opts.line] : [])];
   if (opts.empty && all.every((s) => s.values.every((v) => v === 0))) {
-    chart.append(svg("text", {
+    chart.append(chartNode("text", {
       class: "empty", x: pad.left + plotW / 2, y: pad.top + plotH / 2, "text-anchor": "middle",
     }, opts.empty));
   }

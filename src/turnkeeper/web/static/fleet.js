@@ -28,7 +28,7 @@ function runLink(runId) {
 function tile(iconName, label, value, extra) {
   const box = el("div", { class: `tile ${extra || ""}`, "data-tile": label });
   const head = el("span", { class: "tile-label" });
-  head.append(icon(iconName), document.createTextNode(label));
+  head.append(lineIcon(iconName), document.createTextNode(label));
   box.append(head, el("span", { class: "tile-value" }, value));
   return box;
 }
@@ -77,7 +77,7 @@ function slotRow(slot, ttl) {
     "data-slot": slot.worker_id, "data-pid": String(slot.pid),
   });
   const who = el("span", { class: "slot-who" });
-  who.append(icon(slot.runs.length ? "busy" : "idle", slot.runs.length ? "busy" : "idle"),
+  who.append(lineIcon(slot.runs.length ? "busy" : "idle", slot.runs.length ? "busy" : "idle"),
     el("span", { class: "mono" }, `pid ${slot.pid}`));
   row.append(who);
   if (!slot.runs.length) {
@@ -105,7 +105,7 @@ function workerCard(worker, body) {
   });
   const head = el("div", { class: "worker-head" });
   const name = el("span", { class: "worker-name" });
-  name.append(icon(worker.alive ? "worker" : "stopped"),
+  name.append(lineIcon(worker.alive ? "worker" : "stopped"),
     el("strong", {}, worker.host_id), el("span", { class: "mono" }, `worker ${worker.main_pid}`));
   head.append(name);
   if (worker.draining) head.append(el("span", { class: "badge warn" }, "draining"));
@@ -142,7 +142,7 @@ function drawQueues(body) {
   const rows = body.queues.map((queue) => {
     const row = el("tr", { "data-queue": queue.name, "data-kind": queue.kind });
     const name = el("td", { class: "mono" });
-    name.append(icon("queue"), document.createTextNode(` ${queue.name}`));
+    name.append(lineIcon("queue"), document.createTextNode(` ${queue.name}`));
     const serves = { turns: "new runs and takeovers", control: "reconcile, reap, prune" }[queue.kind]
       || `runs and takeovers for host ${queue.host_id}`;
     const depth = queue.depth === null ? (body.broker === "ok" ? "not declared" : "unknown") : String(queue.depth);
@@ -157,7 +157,7 @@ function drawQueues(body) {
     const list = el("ul", { class: "awaiting" });
     for (const run of body.awaiting_adoption) {
       const item = el("li", { "data-awaiting": run.run_id });
-      item.append(icon("wait"), runLink(run.run_id),
+      item.append(lineIcon("wait"), runLink(run.run_id),
         el("span", { class: "meta" }, `epoch ${run.epoch} · waiting ${seconds(run.waiting_seconds)}`));
       list.append(item);
     }
