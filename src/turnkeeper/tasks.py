@@ -36,6 +36,7 @@ takeover then waits behind.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -267,6 +268,40 @@ def _empty_dead_host_queue(app: Celery, settings: Settings, host: str) -> None:
             return
     if dropped:
         log.info("host.queue_emptied", host=host, messages=dropped)
+
+
+def queue_depths(app: Celery, names: list[str]) -> dict[str, int | None]:
+    """The messages waiting in each named queue, by a queue declare, which creates
+    nothing: on RabbitMQ a passive one (None for a queue nobody declared yet, and each on
+    a channel of its own, as a refused one closes its channel); on Redis, where a queue
+    is only its lists (one per priority step, summed) and a declare without bindings
+    writes nothing, a plain one (an empty list does not exist, so passive would refuse
+    every empty queue)."""
+    passive = not _is_redis(str(app.conf.broker_url))
+    depths: dict[str, int | None] = {}
+    unreachable = "queue depths: the broker is unreachable"
+    try:
+        pool: Any = app.pool  # a kombu ConnectionPool (celery's stubs say Producer)
+        with pool.acquire(block=True, timeout=10) as conn:
+            try:
+                for name in names:
+                    depths[name] = _depth(conn, name, passive=passive)
+            except conn.connection_errors as exc:
+                raise BrokerUnavailableError(unreachable, reason="broker") from exc
+    except (KombuOperationalError, OSError) as exc:
+        raise BrokerUnavailableError(unreachable, reason="broker") from exc
+    return depths
+
+
+def _depth(conn: Any, name: str, *, passive: bool) -> int | None:
+    channel = conn.channel()
+    try:
+        return int(channel.queue_declare(queue=name, passive=passive)[1])
+    except conn.channel_errors:
+        return None
+    finally:
+        with contextlib.suppress(*conn.channel_errors, *conn.connection_errors):
+            channel.close()
 
 
 def serves_host_queue(app: Celery, settings: Settings) -> bool:

@@ -311,6 +311,71 @@ class FleetCounts:
 
 
 @dataclass(frozen=True, slots=True)
+class OwnedRun:
+    """A running run a worker process owns, on the database clock."""
+
+    run_id: str
+    epoch: int
+    held_seconds: float | None
+    """Since its current attempt started (claim or adoption)."""
+    lease_seconds_left: float | None
+    """Negative once expired."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSlot:
+    """One worker process (a slot of its Celery worker) and the runs it owns."""
+
+    worker_id: str
+    host_id: str
+    pid: int
+    main_pid: int
+    started_at: datetime
+    last_seen: datetime
+    draining: bool
+    alive: bool
+    """Seen within ``host_dead_after`` (the database clock)."""
+    silent_seconds: float
+    """Since its last heartbeat."""
+    runs: tuple[OwnedRun, ...]
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> WorkerSlot:
+        fields = dict(row)
+        fields["runs"] = tuple(OwnedRun(**run) for run in fields["runs"])
+        return cls(**fields)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetMinute:
+    """One minute of the fleet's activity: runs started, settled and taken over."""
+
+    minute: datetime
+    started: int
+    settled: dict[str, int]
+    """By status: completed, failed, aborted."""
+    takeovers: dict[str, int]
+    """By cause: crash, lease, forced."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> FleetMinute:
+        return cls(**dict(row))
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyHistogram:
+    """Takeover latencies (hand-over to adoption, seconds) counted per bucket: ``counts[i]``
+    below ``bounds[i]`` (and at or past the bound before it); the last one past them all."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    count: int
+    p50: float | None
+    p95: float | None
+    max: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class Segment:
     journal_key: str
     byte_start: int
