@@ -455,3 +455,36 @@ def test_web_shutdown_closes_every_stream_cleanly(
                 assert events[-1][1] == "end"
     finally:
         again.stop()
+
+
+def test_a_chunk_bigger_than_a_whole_buffer_reaches_a_subscriber_that_keeps_up(
+    settings: Settings, small_web: WebServer, writer: RunLog
+) -> None:
+    """A single chunk larger than ``max_bytes`` is no sign of a slow client: a subscriber
+    whose buffer is empty takes it (before the fan-out such a chunk streamed as any other);
+    dropping it would cut every live stream of the run at that chunk, each time."""
+    (run_id,) = queued_runs(settings, "huge", 1)
+    huge = SMALL.max_bytes + (64 << 10)
+
+    async def scenario() -> list[Received]:
+        async with async_http(small_web, 3) as http:
+            seen: list[int] = [0, 0]
+
+            def counter(index: int) -> Callable[[int], None]:
+                return lambda count: seen.__setitem__(index, count)
+
+            readers = [
+                asyncio.create_task(read_events(http, url_of(run_id), seen=counter(i)))
+                for i in range(2)
+            ]
+            await until(lambda: parked_feeds(settings) == 1, "the run's feed to park")
+            await asyncio.to_thread(write, writer, run_id, 1, 2)
+            await until(lambda: seen == [2, 2], "both streams at chunk 2")
+            await asyncio.to_thread(writer.append, run_id, 1, 3, [chunk(run_id, 3, huge)])
+            await asyncio.to_thread(write, writer, run_id, 4, 5)
+            await asyncio.to_thread(writer.close, run_id, 1)
+            return await asyncio.wait_for(asyncio.gather(*readers), HANG_GUARD)
+
+    expected = [*numbered(run_id, 1, 2), (3, chunk(run_id, 3, huge)), *numbered(run_id, 4, 5)]
+    for received in asyncio.run(scenario()):
+        assert received == (expected, ("end", {"last_seq": 5}))
