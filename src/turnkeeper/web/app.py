@@ -43,6 +43,7 @@ from turnkeeper.errors import (
     InvalidInputError,
     LogGoneError,
     LogOffsetError,
+    MethodNotAllowedError,
     NotPermittedError,
     QuotaExceededError,
     RunConflictError,
@@ -58,6 +59,11 @@ from turnkeeper.logconfig import configure_logging
 from turnkeeper.secret import STREAM_TOKENS, ServerSecret
 from turnkeeper.store.records import check_id
 from turnkeeper.web.agui import agui_router
+from turnkeeper.web.durable import (
+    DEFAULT_LONG_POLL_SECONDS,
+    DEFAULT_SSE_SECONDS,
+    durable_router,
+)
 from turnkeeper.web.edge import BodyLimit, OriginCheck, SecurityHeaders, redact_access_log
 from turnkeeper.web.fanout import FanOut, FanOutLimits
 from turnkeeper.web.metrics import WebMetrics
@@ -79,6 +85,7 @@ _STATUS_BY_ERROR: tuple[tuple[type[TurnkeeperError], int], ...] = (
     (AuthenticationError, 401),
     (ApiKeyError, 401),  # revoked between the request's lookup and its admission
     (NotPermittedError, 403),
+    (MethodNotAllowedError, 405),
     (RunNotFoundError, 404),
     (SessionNotFoundError, 404),
     (QuotaExceededError, 429),
@@ -214,9 +221,13 @@ def create_app(
     settings: Settings | None = None,
     *,
     ping_seconds: float = 15.0,
+    long_poll_seconds: float = DEFAULT_LONG_POLL_SECONDS,
+    sse_seconds: float = DEFAULT_SSE_SECONDS,
     fanout_limits: FanOutLimits | None = None,
 ) -> FastAPI:
     """The web app on ``settings`` (read from the environment at startup when None).
+    ``long_poll_seconds`` and ``sse_seconds`` bound a Durable Streams live read
+    (``turnkeeper.web.durable``).
 
     A server that runs it through ``turnkeeper.web.serve.DrainingServer`` ends its
     event streams cleanly when it shuts down (``app.state.drain_streams``)."""
@@ -255,6 +266,13 @@ def create_app(
     _install_error_handlers(app)
     app.include_router(api_router(ping_seconds=ping_seconds))
     app.include_router(agui_router(ping_seconds=ping_seconds))
+    app.include_router(
+        durable_router(
+            ping_seconds=ping_seconds,
+            long_poll_seconds=long_poll_seconds,
+            sse_seconds=sse_seconds,
+        )
+    )
     _add_dashboard(app)
     return app
 
@@ -285,6 +303,8 @@ def _install_error_handlers(app: FastAPI) -> None:
             headers["WWW-Authenticate"] = challenge
         if status == 429:
             headers["Retry-After"] = str(exc.fields.get("retry_after", 1))
+        if status == 405:
+            headers["Allow"] = str(exc.fields.get("allow", "GET, HEAD"))
         body = {"error": exc.message, **{k: str(v) for k, v in exc.context().items()}}
         return JSONResponse(body, status_code=status, headers=headers)
 

@@ -21,10 +21,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 from sse_starlette import EventSourceResponse
-from starlette.concurrency import run_in_threadpool
 
 from turnkeeper.errors import (
-    AuthenticationError,
     InvalidInputError,
     ServiceError,
     SessionNotFoundError,
@@ -35,7 +33,7 @@ from turnkeeper.log.quota import STREAM_RENEW_SECONDS
 from turnkeeper.store.records import Run, RunStatus, check_id, check_key_name, check_status
 from turnkeeper.store.store import Store
 from turnkeeper.web import sse
-from turnkeeper.web.auth import Principal, authenticate, bearer_key, require_visible
+from turnkeeper.web.auth import Principal, authenticate, authorize_stream, require_visible
 from turnkeeper.web.fanout import DRAIN_GRACE_SECONDS, is_chunk_frame
 from turnkeeper.web.views import attempt_views, entry_view, events_path, run_view
 
@@ -365,25 +363,7 @@ def _add_event_route(api: APIRouter, *, ping_seconds: float) -> None:
         state = _state(request)
         check_id(run_id, "run_id")
         after = sse.parse_offset(last_event_id, offset)
-        principal: Principal | None = None
-        if bearer_key(request) is not None:
-            principal = await authenticate(request)
-            run = require_visible(
-                principal, await run_in_threadpool(state.client.get, run_id), run_id
-            )
-        else:
-            state.tokens.verify(token, run_id)
-            run = await run_in_threadpool(state.client.require, run_id)
-            # A token outlives nothing: revoking its key cuts off the stream URLs it got.
-            owner = run.key_name
-            if owner is not None and not await run_in_threadpool(
-                state.client.store.key_is_live, owner
-            ):
-                raise AuthenticationError(
-                    "the key this stream token was issued to is revoked",
-                    run_id=run_id,
-                    reason="revoked-key",
-                )
+        run, principal = await authorize_stream(request, run_id, token)
         sse.check_start(run, await state.run_log.state(run_id), after)
         # Streams count against the caller's key, or the run's owner for a token
         # (a trusted client's run, owned by no key, is not counted).
