@@ -488,3 +488,46 @@ def test_a_chunk_bigger_than_a_whole_buffer_reaches_a_subscriber_that_keeps_up(
     expected = [*numbered(run_id, 1, 2), (3, chunk(run_id, 3, huge)), *numbered(run_id, 4, 5)]
     for received in asyncio.run(scenario()):
         assert received == (expected, ("end", {"last_seq": 5}))
+
+
+def test_a_killed_feed_connection_neither_loses_nor_doubles_a_chunk_nor_parks_forever(
+    settings: Settings, bare_web: WebServer, api_keys: ApiKeys, writer: RunLog
+) -> None:
+    """CLIENT KILL of the run's feed connection (found by its name in CLIENT LIST) while
+    two streams are parked on it: each goes on with no gap and no double, or ends with the
+    ``log-error`` of a lost Redis; a subscriber that comes after gets the whole log."""
+    (run_id,) = queued_runs(settings, "killed", 1)
+
+    async def scenario() -> tuple[list[Received], Received]:
+        async with async_http(bare_web, 3) as http:
+            seen: list[int] = [0, 0]
+            readers = [
+                asyncio.create_task(
+                    read_events(http, url_of(run_id), seen=lambda n, i=i: seen.__setitem__(i, n))
+                )
+                for i in range(2)
+            ]
+            await until(lambda: parked_feeds(settings) == 1, "the run's feed to park")
+            await asyncio.to_thread(write, writer, run_id, 1, 2)
+            await until(lambda: seen == [2, 2], "both streams at chunk 2")
+            (feed,) = feed_connections(settings)
+            killer = redis.Redis.from_url(settings.require_redis_url())
+            try:
+                killer.client_kill_filter(_id=feed["id"])
+            finally:
+                killer.close()
+            await asyncio.to_thread(write, writer, run_id, 3, 4)
+            await asyncio.to_thread(writer.close, run_id, 1)
+            first = await asyncio.wait_for(asyncio.gather(*readers), HANG_GUARD)
+            late = await asyncio.wait_for(read_events(http, url_of(run_id)), HANG_GUARD)
+            return first, late
+
+    first, late = asyncio.run(scenario())
+    for chunks, last in first:
+        if last is not None and last[0] == "log-error":
+            assert chunks == numbered(run_id, 1, len(chunks))
+            assert last[1]["status"] == 503
+        else:
+            assert (chunks, last) == (numbered(run_id, 1, 4), ("end", {"last_seq": 4}))
+    assert late == (numbered(run_id, 1, 4), ("end", {"last_seq": 4}))
+    assert metric(bare_web, api_keys.admin, "turnkeeper_sse_feeds") == 0
