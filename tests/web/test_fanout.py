@@ -531,3 +531,41 @@ def test_a_killed_feed_connection_neither_loses_nor_doubles_a_chunk_nor_parks_fo
             assert (chunks, last) == (numbered(run_id, 1, 4), ("end", {"last_seq": 4}))
     assert late == (numbered(run_id, 1, 4), ("end", {"last_seq": 4}))
     assert metric(bare_web, api_keys.admin, "turnkeeper_sse_feeds") == 0
+
+
+def test_subscribers_that_hang_up_mid_stream_leave_no_feed_behind(
+    settings: Settings, bare_web: WebServer, api_keys: ApiKeys, writer: RunLog
+) -> None:
+    """Three clients close their sockets mid-stream: the run's feed stops with the last
+    of them and its parked read lets go of Redis; a client after them starts a new feed
+    and gets the whole log."""
+    (run_id,) = queued_runs(settings, "hangup", 1)
+
+    def gauge(name: str) -> float:
+        return metric(bare_web, api_keys.admin, name)
+
+    async def scenario() -> Received:
+        async with async_http(bare_web, 4) as http:
+            seen: list[int] = [0, 0, 0]
+            readers = [
+                asyncio.create_task(
+                    read_events(http, url_of(run_id), seen=lambda n, i=i: seen.__setitem__(i, n))
+                )
+                for i in range(3)
+            ]
+            await until(lambda: parked_feeds(settings) == 1, "the run's feed to park")
+            await asyncio.to_thread(write, writer, run_id, 1, 3)
+            await until(lambda: seen == [3, 3, 3], "the streams at chunk 3")
+            for reader in readers:
+                reader.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+            await until(lambda: gauge("turnkeeper_sse_open_streams") == 0, "no open stream")
+            await until(lambda: gauge("turnkeeper_sse_feeds") == 0, "no feed")
+            await until(lambda: parked_feeds(settings) == 0, "no parked read in Redis")
+            late = asyncio.create_task(read_events(http, url_of(run_id)))
+            await until(lambda: parked_feeds(settings) == 1, "a new feed to park")
+            await asyncio.to_thread(write, writer, run_id, 4, 5)
+            await asyncio.to_thread(writer.close, run_id, 1)
+            return await asyncio.wait_for(late, HANG_GUARD)
+
+    assert asyncio.run(scenario()) == (numbered(run_id, 1, 5), ("end", {"last_seq": 5}))
