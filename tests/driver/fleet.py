@@ -95,10 +95,13 @@ class Fleet:
         return proc
 
     def start_worker(
-        self, concurrency: int = 1, *, queues: str | None = None
+        self, concurrency: int = 1, *, queues: str | None = None, pool: str | None = None
     ) -> subprocess.Popen[bytes]:
-        """A worker; ``queues``: Celery's ``-Q`` instead of ours (turns and host)."""
+        """A worker; ``queues``: Celery's ``-Q`` instead of ours (turns and host);
+        ``pool``: Celery's ``-P`` (``threads``: many turns in one process) instead of
+        the worker's default."""
         chosen = ["-Q", queues] if queues is not None else []
+        chosen += ["-P", pool] if pool is not None else []
         return self._start("worker", "worker", "-c", str(concurrency), *chosen, *CELERY_QUIET)
 
     def wait_ready(self, timeout: float = 120.0) -> None:
