@@ -283,7 +283,13 @@ def expected_log(
         timeout=120,
         env={"PATH": os.environ["PATH"], "HOME": str(workdir)},
     ).stdout
-    translator = translator_for(spec.format, run_id)
+    return log_of_output(run_id, session_id, spec.format, out)
+
+
+def log_of_output(run_id: str, session_id: str, output_format: str, out: bytes) -> list[Chunk]:
+    """The log of a crash-free run whose agent printed ``out``, translated and wrapped
+    in the run's first and last chunk (``expected_log`` without running the agent)."""
+    translator = translator_for(output_format, run_id)
     chunks: list[Chunk] = [lifecycle.run_started(run_id, session_id)]
     for line in out.splitlines(keepends=True):
         chunks.extend(translator.feed(line))
