@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import psycopg
 import pytest
 
-from tests.driver.fleet import DEFAULT_TIMING, Fleet, log_of_output
+from tests.driver.fleet import CELERY_QUIET, DEFAULT_TIMING, Fleet, log_of_output
 from turnkeeper.config import Settings
 from turnkeeper.driver.placement import Placement
 from turnkeeper.owner import owner_pid
@@ -145,3 +149,26 @@ def test_a_worker_process_holding_200_live_turns_is_killed_and_each_is_taken_ove
         (1, "superseded", "crash", TURNS),
         (2, "completed", None, TURNS),
     ]
+
+
+def test_a_worker_raises_its_open_files_limit_to_the_hard_limit(fleet: Fleet) -> None:
+    """Each live turn holds a few descriptors (its journal's follow pipe, its stop
+    pipe, probes): 200 turns need more than the usual soft limit of 1024. A worker
+    started under a low soft limit raises it to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = min(soft, 256)
+    with (fleet.logs / "worker-limits.log").open("ab") as out:
+        proc = subprocess.Popen(
+            [
+                *("prlimit", f"--nofile={low}:{hard}", "--"),
+                *(sys.executable, "-m", "turnkeeper", "worker", "-P", "threads", "-c", "2"),
+                *CELERY_QUIET,
+            ],
+            env=fleet.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    fleet.procs.append(proc)
+    fleet.wait_ready()
+    assert psutil.Process(proc.pid).rlimit(psutil.RLIMIT_NOFILE) == (hard, hard)
