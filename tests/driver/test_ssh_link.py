@@ -2,8 +2,8 @@
 
 A real ``sshd`` on loopback holds the sandboxes; a worker with the ssh provider
 runs the agent there. Mid-run the sshd is stopped, every connection it holds
-included, for 5 s (longer than the lease), then started again on the same port.
-The run completes with exactly its oracle's output, in its first attempt.
+included, for 2.5 leases, then started again on the same port. The run completes
+with exactly its oracle's output, in its first attempt.
 """
 
 from __future__ import annotations
@@ -31,7 +31,13 @@ def sshd(tmp_path: Path) -> Sshd:
     return Sshd(tmp_path / "sshd")
 
 
-def test_the_ssh_link_dropped_for_five_seconds_mid_run(
+# A lease of 4 s renewed every 0.5 s: a heartbeat starved for a few seconds on a
+# loaded machine does not lose it, and the cut still outlasts it well.
+LEASE_TTL = 4.0
+CUT_SECONDS = 2.5 * LEASE_TTL
+
+
+def test_the_ssh_link_dropped_for_longer_than_the_lease_mid_run(
     settings: Settings, sshd: Sshd, database_url: str, tmp_path: Path
 ) -> None:
     sshd.start()
@@ -39,6 +45,7 @@ def test_the_ssh_link_dropped_for_five_seconds_mid_run(
         settings,
         tmp_path / "logs",
         sandbox_provider="ssh",
+        lease_ttl=LEASE_TTL,
         **sshd.settings(),  # as the test sshd's only account, root
     )
     try:
@@ -47,7 +54,7 @@ def test_the_ssh_link_dropped_for_five_seconds_mid_run(
         run = fleet.client.submit(AGENT, PROMPT)
         fleet.wait_chunks(run.run_id, 6)
         assert sshd.cut(with_commands=True) >= 1, "the worker's connections were cut"
-        time.sleep(5.0)
+        time.sleep(CUT_SECONDS)
         sshd.start()
         done = fleet.wait_settled(run.run_id, timeout=180)
         assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
