@@ -272,9 +272,7 @@ def _open_runtimes_in_task_processes(app: Celery, settings: Settings, *, announc
     worker_process_init.connect(open_after_fork, weak=False, dispatch_uid=f"turnkeeper-open-{uid}")
     worker_init.connect(open_in_worker, weak=False, dispatch_uid=f"turnkeeper-open-main-{uid}")
     worker_process_shutdown.connect(close_on_shutdown, weak=False, dispatch_uid="turnkeeper-close")
-    # A pool without pool processes closes the worker process's own runtime here; in a
-    # prefork worker's main process this closes nothing (it opened no runtime).
-    worker_shutdown.connect(close_on_shutdown, weak=False, dispatch_uid="turnkeeper-close-main")
+    worker_shutdown.connect(close_in_worker, weak=False, dispatch_uid="turnkeeper-close-main")
 
 
 def runs_tasks_in_pool_processes(pool_cls: Any) -> bool:
@@ -311,6 +309,13 @@ def serves_host_queue(app: Celery, settings: Settings) -> bool:
 
 def close_on_shutdown(**_: Any) -> None:
     close_runtimes()
+
+
+def close_in_worker(sender: Any = None, **_: Any) -> None:
+    """Close the worker process's own runtime once its pool stopped (its turns ended),
+    when that pool ran the tasks there (threads): no ``worker_process_shutdown`` comes."""
+    if sender is not None and not runs_tasks_in_pool_processes(sender.pool_cls):
+        close_runtimes()
 
 
 def enqueue_run(
