@@ -8,20 +8,24 @@
 
 Each message is a run of the session (docs/architecture.md, "Sessions"): it waits
 behind the session's active run, works in the session's workspace and resumes the
-agent's conversation.
+agent's conversation. ``AsyncSession`` and ``AsyncReply`` are the same on
+``AsyncClient``: ``await chat.send(...)``, ``async for seq, chunk in reply``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from turnkeeper.chunks import Chunk
 from turnkeeper.store.records import Run, TranscriptEntry
 
 if TYPE_CHECKING:  # the client builds sessions; a session never builds a client
-    from turnkeeper.client import Client
+    from turnkeeper.client import AsyncClient, Client
+
+ClientT = TypeVar("ClientT", "Client", "AsyncClient")
+SESSION_RUNS_LIMIT = 1000
 
 
 @dataclass
@@ -45,14 +49,32 @@ class Reply:
 
 
 @dataclass
-class Session:
-    """One conversation: ``send`` submits its next message with the session's agent and
-    options (each ``send`` may override them)."""
+class _Conversation(Generic[ClientT]):
+    """What both sessions hold, and how a message's submit arguments are made."""
 
-    client: Client
+    client: ClientT
     session_id: str
     agent: str | Mapping[str, Any] = "scripted"
     options: dict[str, Any] = field(default_factory=dict)
+
+    def _message(
+        self,
+        run_id: str | None,
+        agent: str | Mapping[str, Any] | None,
+        from_entry: str | None,
+        options: dict[str, Any],
+    ) -> tuple[str | Mapping[str, Any], dict[str, Any]]:
+        """The agent and the ``submit`` options of a message: the session's, overridden
+        by the message's own."""
+        chosen = agent if agent is not None else self.agent
+        submit = {"session_id": self.session_id, "run_id": run_id, "from_entry": from_entry}
+        return chosen, {**submit, **self.options, **options}
+
+
+@dataclass
+class Session(_Conversation["Client"]):
+    """One conversation: ``send`` submits its next message with the session's agent and
+    options (each ``send`` may override them)."""
 
     def send(
         self,
@@ -65,15 +87,8 @@ class Session:
     ) -> Reply:
         """Submit ``prompt`` as the session's next message; idempotent by ``run_id``.
         ``from_entry``: the earlier entry it follows instead of the latest (a branch)."""
-        run = self.client.submit(
-            agent if agent is not None else self.agent,
-            prompt,
-            session_id=self.session_id,
-            run_id=run_id,
-            from_entry=from_entry,
-            **{**self.options, **options},
-        )
-        return Reply(self.client, run)
+        chosen, submit = self._message(run_id, agent, from_entry, options)
+        return Reply(self.client, self.client.submit(chosen, prompt, **submit))
 
     def transcript(self) -> list[TranscriptEntry]:
         """The conversation on the active path, root to leaf."""
@@ -81,4 +96,51 @@ class Session:
 
     def runs(self) -> list[Run]:
         """The session's runs, oldest first."""
-        return list(reversed(self.client.list_runs(session_id=self.session_id, limit=1000)))
+        newest_first = self.client.list_runs(session_id=self.session_id, limit=SESSION_RUNS_LIMIT)
+        return list(reversed(newest_first))
+
+
+@dataclass
+class AsyncReply:
+    """``Reply`` on ``AsyncClient``: ``async for seq, chunk in reply``."""
+
+    client: AsyncClient
+    run: Run
+
+    def events(self, after: int = 0, *, follow: bool = True) -> AsyncIterator[tuple[int, Chunk]]:
+        """As ``Reply.events``, on asyncio."""
+        return self.client.events(self.run.run_id, after, follow=follow)
+
+    def __aiter__(self) -> AsyncIterator[tuple[int, Chunk]]:
+        return self.events()
+
+    async def refresh(self) -> Run:
+        self.run = await self.client.require(self.run.run_id)
+        return self.run
+
+
+@dataclass
+class AsyncSession(_Conversation["AsyncClient"]):
+    """``Session`` on ``AsyncClient``: ``await chat.send(prompt)``."""
+
+    async def send(
+        self,
+        prompt: str,
+        *,
+        run_id: str | None = None,
+        agent: str | Mapping[str, Any] | None = None,
+        from_entry: str | None = None,
+        **options: Any,
+    ) -> AsyncReply:
+        """As ``Session.send``, on asyncio."""
+        chosen, submit = self._message(run_id, agent, from_entry, options)
+        return AsyncReply(self.client, await self.client.submit(chosen, prompt, **submit))
+
+    async def transcript(self) -> list[TranscriptEntry]:
+        return await self.client.transcript(self.session_id)
+
+    async def runs(self) -> list[Run]:
+        newest_first = await self.client.list_runs(
+            session_id=self.session_id, limit=SESSION_RUNS_LIMIT
+        )
+        return list(reversed(newest_first))

@@ -1,4 +1,4 @@
-"""The resumable SSE stream of a run's log (ARCHITECTURE §5).
+"""The resumable SSE stream of a run's log (docs/architecture.md, "Invariants", 4; docs/api.md).
 
 Each chunk is one event whose ``id:`` is its seq and whose data is the chunk's
 JSON, so a reconnecting EventSource resumes with ``Last-Event-ID`` and sees
