@@ -148,16 +148,38 @@ def sample(fleet: BenchFleet, main: psutil.Process, turns: int, window: float) -
     )
 
 
+_POLL: dict[str, psycopg.Connection[Any]] = {}
+
+
+def _rows(database_url: str, statement: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    """A poll's rows, on the bench's one held connection (a server shared with other
+    loads may have no connection to spare for a new one each time), retried when the
+    server refuses or drops it."""
+    while True:
+        conn = _POLL.get(database_url)
+        try:
+            if conn is None or conn.closed:
+                conn = _POLL[database_url] = psycopg.connect(
+                    plain_postgres_url(database_url), autocommit=True
+                )
+            return [tuple(row) for row in conn.execute(statement, params).fetchall()]
+        except psycopg.OperationalError:
+            if conn is not None:
+                conn.close()
+            _POLL.pop(database_url, None)
+            time.sleep(1.0)
+
+
 def _live(database_url: str, run_ids: list[str]) -> int:
     """Runs running, watched (owner lock marked) and past their agent's first line."""
-    with psycopg.connect(plain_postgres_url(database_url)) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM runs r WHERE r.run_id = ANY(%s) AND r.status = 'running'"
-            " AND r.lock_attempt_id = r.attempt_id AND EXISTS (SELECT 1 FROM segments s"
-            " WHERE s.run_id = r.run_id)",
-            (run_ids,),
-        ).fetchone()
-    return int(row[0]) if row else 0
+    rows = _rows(
+        database_url,
+        "SELECT count(*) FROM runs r WHERE r.run_id = ANY(%s) AND r.status = 'running'"
+        " AND r.lock_attempt_id = r.attempt_id AND EXISTS (SELECT 1 FROM segments s"
+        " WHERE s.run_id = r.run_id)",
+        (run_ids,),
+    )
+    return int(rows[0][0])
 
 
 def _all_live(database_url: str, run_ids: list[str]) -> bool:
@@ -250,13 +272,12 @@ def report(label: str, samples: list[Sample], *, prefork: bool) -> tuple[float, 
 
 
 def _takeovers(database_url: str, run_ids: list[str]) -> list[tuple[Any, ...]]:
-    with psycopg.connect(plain_postgres_url(database_url)) as conn:
-        rows = conn.execute(
-            "SELECT epoch, outcome, handover_cause, count(*) FROM attempts"
-            " WHERE run_id = ANY(%s) GROUP BY 1, 2, 3 ORDER BY 1, 2",
-            (run_ids,),
-        ).fetchall()
-    return [tuple(row) for row in rows]
+    return _rows(
+        database_url,
+        "SELECT epoch, outcome, handover_cause, count(*) FROM attempts"
+        " WHERE run_id = ANY(%s) GROUP BY 1, 2, 3 ORDER BY 1, 2",
+        (run_ids,),
+    )
 
 
 def fleet_case(fleet: BenchFleet, runs: int, per_worker: int) -> None:
@@ -291,13 +312,13 @@ def fleet_case(fleet: BenchFleet, runs: int, per_worker: int) -> None:
     fleet.start("worker", "-P", "threads", "-c", str(per_worker), *QUIET)
 
     def taken_over() -> bool:
-        with psycopg.connect(plain_postgres_url(database_url)) as conn:
-            row = conn.execute(
-                "SELECT count(*) FROM runs WHERE run_id = ANY(%s) AND epoch = 2"
-                " AND status = 'running' AND lock_attempt_id = attempt_id",
-                (doomed,),
-            ).fetchone()
-        return bool(row) and int(row[0]) == len(doomed)
+        rows = _rows(
+            database_url,
+            "SELECT count(*) FROM runs WHERE run_id = ANY(%s) AND epoch = 2"
+            " AND status = 'running' AND lock_attempt_id = attempt_id",
+            (doomed,),
+        )
+        return int(rows[0][0]) == len(doomed)
 
     _wait("the dead worker's runs taken over", taken_over, timeout=1800)
     takeover = time.monotonic() - killed
