@@ -23,10 +23,16 @@ class Event:
 
 
 def iter_events(
-    http: httpx.Client, url: str, *, headers: dict[str, str] | None = None
+    http: httpx.Client,
+    url: str,
+    *,
+    headers: dict[str, str] | None = None,
+    method: str = "GET",
+    body: Any = None,
 ) -> Iterator[Event | str]:
-    """Events, and comment lines (keep-alives) as plain strings, until the stream ends."""
-    with http.stream("GET", url, headers=headers) as response:
+    """Events, and comment lines (keep-alives) as plain strings, until the stream ends
+    (``body``: the JSON a POST sends)."""
+    with http.stream(method, url, headers=headers, json=body) as response:
         if response.status_code != 200:
             response.read()
             raise httpx.HTTPStatusError(

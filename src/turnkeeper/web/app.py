@@ -57,6 +57,7 @@ from turnkeeper.log.quota import StreamSlots, SubmitRate
 from turnkeeper.logconfig import configure_logging
 from turnkeeper.secret import STREAM_TOKENS, ServerSecret
 from turnkeeper.store.records import check_id
+from turnkeeper.web.agui import agui_router
 from turnkeeper.web.edge import BodyLimit, OriginCheck, SecurityHeaders, redact_access_log
 from turnkeeper.web.metrics import WebMetrics
 from turnkeeper.web.revocation import RevocationWatch
@@ -208,6 +209,7 @@ def create_app(settings: Settings | None = None, *, ping_seconds: float = 15.0) 
     app.add_middleware(SecurityHeaders)
     _install_error_handlers(app)
     app.include_router(api_router(ping_seconds=ping_seconds))
+    app.include_router(agui_router(ping_seconds=ping_seconds))
     _add_dashboard(app)
     return app
 
