@@ -228,11 +228,21 @@ class Client:
         status: str | None = None,
         session_id: str | None = None,
         key_name: str | None = None,
+        agent: str | None = None,
+        search: str | None = None,
         limit: int = 50,
+        offset: int = 0,
     ) -> list[Run]:
-        """The newest runs first; of one key's tenant when ``key_name`` is given."""
+        """The newest runs first; of one key's tenant when ``key_name`` is given; of one
+        agent (a preset or an inline command's program); whose id holds ``search``."""
         return self.store.list_runs(
-            status=status, session_id=session_id, key_name=key_name, limit=limit
+            status=status,
+            session_id=session_id,
+            key_name=key_name,
+            agent=agent,
+            search=search,
+            limit=limit,
+            offset=offset,
         )
 
     # --- output -----------------------------------------------------------------------

@@ -5,22 +5,23 @@ revoked key) that sends the user back to the login page."""
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
+import os
 import shutil
+import signal
 from collections.abc import Iterator
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 from urllib.parse import quote
 
 import httpx
+import psycopg
 import pytest
 
 from tests.driver.fleet import Fleet
+from tests.web.browser import CHROMIUM, launch, sign_in
 from tests.web.conftest import ApiKeys, WebServer
-
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
-]  # fmt: skip
 
 pytestmark = pytest.mark.skipif(
     shutil.which(CHROMIUM) is None, reason="Debian chromium is not installed (scripts/system-deps)"
@@ -29,17 +30,30 @@ pytestmark = pytest.mark.skipif(
 sync_api = pytest.importorskip("playwright.sync_api")
 
 
-@pytest.fixture
-def page(web: WebServer) -> Iterator[Any]:
+@contextlib.contextmanager
+def _browser_page(base_url: str) -> Iterator[Any]:
     with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        browser = launch(playwright)
         try:
-            context = browser.new_context(base_url=web.base_url)
+            context = browser.new_context(base_url=base_url)
             page = context.new_page()
             page.set_default_timeout(60_000)  # a hang guard only
             yield page
         finally:
             browser.close()
+
+
+@pytest.fixture
+def page(web: WebServer) -> Iterator[Any]:
+    with _browser_page(web.base_url) as page:
+        yield page
+
+
+@pytest.fixture
+def bare_page(bare_web: WebServer) -> Iterator[Any]:
+    """A page on the web app alone (no workers: submitted runs stay queued)."""
+    with _browser_page(bare_web.base_url) as page:
+        yield page
 
 
 def _rendered(page: Any) -> list[tuple[int, str]]:
@@ -51,8 +65,7 @@ def _rendered(page: Any) -> list[tuple[int, str]]:
 
 
 def _sign_in(page: Any, key: str) -> None:
-    page.fill("#key", key)
-    page.click("#login button[type=submit]")
+    sign_in(page, key)
 
 
 def _listed(page: Any) -> list[str]:
@@ -62,6 +75,17 @@ def _listed(page: Any) -> list[str]:
             "tr[data-run-id]", "rows => rows.map(r => r.dataset.runId)"
         )
     ]
+
+
+def _emoji_free(page: Any) -> bool:
+    """No character of the page's text lies in the emoji planes or in the symbol
+    blocks only emoji fonts draw (what rendered as empty boxes)."""
+    return bool(
+        page.evaluate(
+            r"""() => !/[\u{1F000}-\u{1FFFF}\u2300-\u23FF\u25A0-\u27BF\u2B00-\u2BFF]/u
+                   .test(document.body.innerText)"""
+        )
+    )
 
 
 def test_dashboard_streams_a_run_and_resumes_after_reload(
@@ -121,9 +145,11 @@ def test_dashboard_streams_a_run_and_resumes_after_reload(
         "\n", ""
     ) == texts.replace("\n", "")
     tool_names = [c["toolCallName"] for _, c in full if c["type"] == "TOOL_CALL_START"]
-    assert [t.strip() for t in page.locator("#conversation .tool .name").all_inner_texts()] == [
-        f"⏺ {name}" for name in tool_names
-    ]
+    shown_tools = page.locator("#conversation .tool .name").all_inner_texts()
+    assert [t.strip() for t in shown_tools] == tool_names
+    # Every icon is inline SVG: nothing on the page needs an emoji font.
+    assert page.locator("#conversation .tool .name > svg.icon").count() == len(tool_names)
+    assert _emoji_free(page)
     page.wait_for_function(
         "() => document.querySelector('[data-field=status]').textContent.endsWith('completed')"
     )
@@ -178,7 +204,7 @@ def test_the_login_page_only_ever_goes_on_to_a_page_of_this_site(
 
 def _turns(fleet: Fleet, run_id: str) -> list[tuple[str, str]]:
     """A run's turns as its log says them, in the page's words: each turn's messages, then
-    its tool calls (``⏺ name args``), then their results. A turn ends when every call it
+    its tool calls (``name args``), then their results. A turn ends when every call it
     made has its result (or with the log)."""
     shown: list[tuple[str, str]] = []
     texts: dict[str, str] = {}
@@ -187,7 +213,7 @@ def _turns(fleet: Fleet, run_id: str) -> list[tuple[str, str]]:
 
     def close_turn() -> None:
         shown.extend(("assistant", text) for text in texts.values())
-        shown.extend(("tool-call", f"⏺ {name} {args}") for name, args in calls.values())
+        shown.extend(("tool-call", f"{name} {args}") for name, args in calls.values())
         shown.extend(("tool-result", content) for content in results)
         texts.clear()
         calls.clear()
@@ -285,3 +311,276 @@ def test_the_session_page_shows_the_active_path_and_switches_to_another_branch(
     page.goto(f"/ui/sessions/{quote(session, safe='')}")  # a 401: back to the login page
     page_path = f"/ui/sessions/{quote(session, safe='')}"
     page.wait_for_url(f"**/login?next={quote(page_path, safe='')}")
+
+
+def _listed_ids(page: Any) -> list[str]:
+    return [
+        str(v)
+        for v in page.eval_on_selector_all("tr[data-run-id]", "rs => rs.map(r => r.dataset.runId)")
+    ]
+
+
+def _wait_listed(page: Any, expected: list[str]) -> None:
+    """Until the runs table lists exactly ``expected`` (it refreshes by itself)."""
+    page.wait_for_function(
+        "ids => JSON.stringify([...document.querySelectorAll('tr[data-run-id]')]"
+        ".map(r => r.dataset.runId)) === JSON.stringify(ids)",
+        arg=expected,
+    )
+
+
+def _page_through(page: Any, base_url: str, alice: httpx.Client) -> None:
+    """Pages of two, newest first, the page in the URL; a run that arrives meanwhile
+    moves the rows, not the user."""
+    # Pages of two, newest first; the page is in the URL too.
+    page.goto("/?per=2&search=-")
+    _wait_listed(page, ["bob-fix", "fix-echo"])
+    assert page.locator("#page-prev").is_disabled()
+    page.click("#page-next")
+    _wait_listed(page, ["docs-1", "fix-2"])
+    assert page.url == f"{base_url}/?per=2&search=-&page=2"
+    assert page.locator("#page-range").inner_text() == "3-4 of 5 · page 2 of 3"
+    page.click("#page-next")
+    _wait_listed(page, ["fix-1"])
+    assert page.locator("#page-next").is_disabled()
+    page.click("#page-prev")
+    _wait_listed(page, ["docs-1", "fix-2"])
+
+    # A new run arrives: the refresh shows it where it belongs, the user stays put.
+    body = {"agent": "scripted", "prompt": "p", "run_id": "late-1"}
+    assert alice.post("/runs", json=body).status_code == 201
+    _wait_listed(page, ["fix-echo", "docs-1"])
+    assert page.url == f"{base_url}/?per=2&search=-&page=2"
+    assert page.input_value("#f-search") == "-"
+    assert page.locator("#page-range").inner_text() == "3-4 of 6 · page 2 of 3"
+
+
+def test_the_runs_page_filters_pages_and_keeps_its_place_while_it_refreshes(
+    bare_web: WebServer, api_keys: ApiKeys, bare_page: Any
+) -> None:
+    """Queued runs of two tenants (no workers: nothing moves but what the test does):
+    the filters, the search and the pages narrow the table, live in the URL, survive a
+    reload, and a refresh that brings a new run keeps the page and the filters."""
+    page = bare_page
+    with bare_web.http(api_keys.alice) as alice, bare_web.http(api_keys.bob) as bob:
+        for run_id, session in (("fix-1", "s-fix"), ("fix-2", "s-fix"), ("docs-1", "s-docs")):
+            body = {"agent": "scripted", "prompt": "p", "run_id": run_id, "session_id": session}
+            assert alice.post("/runs", json=body).status_code == 201
+        echo = {"command": ["/bin/echo", "hi"], "format": "text"}
+        body = {"agent": echo, "prompt": "p", "run_id": "fix-echo"}
+        assert alice.post("/runs", json=body).status_code == 201
+        assert (
+            bob.post(
+                "/runs", json={"agent": "scripted", "prompt": "p", "run_id": "bob-fix"}
+            ).status_code
+            == 201
+        )
+        assert alice.post("/runs/fix-1/cancel").status_code == 200  # queued: aborted at once
+
+        page.goto("/login")
+        _sign_in(page, api_keys.admin)
+        page.wait_for_url(f"{bare_web.base_url}/")
+        _wait_listed(page, ["bob-fix", "fix-echo", "docs-1", "fix-2", "fix-1"])
+        assert page.locator("#f-key-label").is_visible()  # an admin key filters by key
+
+        page.select_option("#f-status", "queued")
+        _wait_listed(page, ["bob-fix", "fix-echo", "docs-1", "fix-2"])
+        page.fill("#f-search", "FIX")
+        _wait_listed(page, ["bob-fix", "fix-echo", "fix-2"])
+        page.fill("#f-key", "alice")
+        _wait_listed(page, ["fix-echo", "fix-2"])
+        page.fill("#f-agent", "scripted")
+        _wait_listed(page, ["fix-2"])
+        assert page.url == f"{bare_web.base_url}/?status=queued&search=FIX&key=alice&agent=scripted"
+        page.reload()  # the filters come back from the URL
+        _wait_listed(page, ["fix-2"])
+        assert [page.input_value(f) for f in ("#f-status", "#f-search", "#f-key", "#f-agent")] == [
+            "queued", "FIX", "alice", "scripted",
+        ]  # fmt: skip
+
+        page.click("#f-clear")
+        _wait_listed(page, ["bob-fix", "fix-echo", "docs-1", "fix-2", "fix-1"])
+        page.fill("#f-session", "s-fix")
+        _wait_listed(page, ["fix-2", "fix-1"])
+        page.click("#f-clear")
+        _page_through(page, bare_web.base_url, alice)
+
+        # A tenant sees only its own runs and no key filter.
+        page.evaluate("() => sessionStorage.clear()")
+        page.goto("/login")
+        _sign_in(page, api_keys.bob)
+        page.wait_for_url(f"{bare_web.base_url}/")
+        _wait_listed(page, ["bob-fix"])
+        assert not page.locator("#f-key-label").is_visible()
+        assert _emoji_free(page)
+
+
+def test_the_cancel_button_cancels_a_live_run(
+    fleet: Fleet, web: WebServer, api_keys: ApiKeys, http: httpx.Client, page: Any
+) -> None:
+    agent = {"preset": "scripted", "turns": 40, "pace": 0.3, "seed": 4}
+    response = http.post("/runs", json={"agent": agent, "prompt": "go on", "run_id": "long 1"})
+    assert response.status_code == 201
+    page.goto("/login")
+    _sign_in(page, api_keys.alice)
+    page.wait_for_url(f"{web.base_url}/")
+    page.goto(f"/ui/runs/{quote('long 1', safe='')}")
+    page.wait_for_function(
+        "() => Number(document.querySelector('#conversation').dataset.lastSeq) >= 5"
+    )
+    assert page.locator("#prompt .msg.user").inner_text() == "go on"
+    cancel = page.locator("#cancel")
+    cancel.wait_for(state="visible")
+    cancel.click()
+    page.wait_for_selector("#conversation[data-ended='true']")
+    page.wait_for_function(
+        "() => document.querySelector('[data-field=status] .status').textContent === 'aborted'"
+    )
+    run = fleet.wait_settled("long 1")
+    assert run.status.value == "aborted"
+    assert run.cancel_requested_at is not None
+    assert cancel.is_hidden()  # a settled run has nothing to cancel
+    expected = [(seq, str(chunk["type"])) for seq, chunk in fleet.log_of("long 1")]
+    assert _rendered(page) == expected
+    assert expected[-1][1] == "RUN_ERROR"
+    assert page.locator("#conversation .marker.error").last.inner_text() == (
+        f"error: {fleet.log_of('long 1')[-1][1]['message']}"
+    )
+
+
+def _timeline(page: Any) -> list[int | str]:
+    """The conversation in document order: each chunk's seq, and ``takeover N`` for
+    the mark of epoch N."""
+    items = page.eval_on_selector_all(
+        "#conversation [data-seq], #conversation .marker.takeover",
+        """nodes => nodes.map(n => n.dataset.takeoverEpoch
+                                    ? `takeover ${n.dataset.takeoverEpoch}`
+                                    : Number(n.dataset.seq))""",
+    )
+    return [item if isinstance(item, str) else int(item) for item in items]
+
+
+def _stored_times(fleet: Fleet, run_id: str) -> dict[int, tuple[dt.datetime, dt.datetime]]:
+    """Per epoch: when its attempt first and last stored journal bytes (its segments are
+    those stored between its start and its end)."""
+    with psycopg.connect(fleet.settings.require_database_url()) as conn:
+        rows = conn.execute(
+            "SELECT a.epoch, min(s.created_at), max(s.created_at) FROM attempts a"
+            " JOIN segments s ON s.run_id = a.run_id AND s.created_at >= a.started_at"
+            " AND s.created_at <= COALESCE(a.ended_at, now())"
+            " WHERE a.run_id = %s GROUP BY a.epoch",
+            (run_id,),
+        ).fetchall()
+    return {int(epoch): (first, last) for epoch, first, last in rows}
+
+
+def _check_takeover_page(
+    page: Any,
+    *,
+    expected: list[int | str],
+    said: str,
+    before: int,
+    attempt_rows: list[list[str]],
+    full: list[tuple[int, dict[str, Any]]],
+) -> None:
+    """The run page of a settled run taken over once, after chunk ``before``."""
+    page.wait_for_selector("#conversation[data-ended='true']")
+    # The summary, the attempts and the marks' words come from one answer: once it says
+    # the run settled, they are final.
+    page.wait_for_function(
+        "() => document.querySelector('[data-field=status] .status').textContent === 'completed'"
+    )
+    page.wait_for_selector("#conversation .marker.takeover")
+    assert _timeline(page) == expected
+    mark = page.locator("#conversation .marker.takeover")
+    assert mark.inner_text() == said
+    assert mark.get_attribute("data-before-seq") == str(before + 1)
+    raw = page.eval_on_selector_all(
+        "#raw-chunks > *",
+        "ns => ns.map(n => n.dataset.takeoverEpoch ? 'takeover' : Number(n.dataset.rawSeq))",
+    )
+    seqs = [seq for seq, _ in full]
+    assert raw == [*seqs[:before], "takeover", *seqs[before:]]
+    rows = page.eval_on_selector_all(
+        "#attempts tr", "rs => rs.map(r => [...r.children].map(c => c.textContent))"
+    )
+    assert [[row[0], row[1], row[2], row[5]] for row in rows] == attempt_rows
+    texts = "".join(str(c.get("delta", "")) for _, c in full if c["type"] == "TEXT_MESSAGE_CONTENT")
+    shown = "".join(page.locator("#conversation .msg").all_inner_texts())
+    assert shown.replace("\n", "") == texts.replace("\n", "")  # a cut message, whole
+    assert _emoji_free(page)
+
+
+def test_a_takeover_is_marked_where_the_successor_began_after_a_sigkill(
+    fleet: Fleet, web: WebServer, api_keys: ApiKeys, http: httpx.Client, page: Any
+) -> None:
+    """The run's worker is frozen mid-run (so the log stops growing), its log length
+    noted, then killed: the other worker takes the run over. The run page, open all
+    along and reloaded after the end, marks the takeover right before the first chunk
+    after that length, in the conversation and among the raw chunks, says what
+    happened in the attempts' words, and lists both attempts."""
+    fleet.start_worker()  # a second worker, to take the run over
+    fleet.wait_ready()
+    agent = {"preset": "scripted", "turns": 4, "pace": 0.2, "seed": 11}
+    response = http.post("/runs", json={"agent": agent, "prompt": "rename it", "run_id": "tk 1"})
+    assert response.status_code == 201
+    page.goto("/login")
+    _sign_in(page, api_keys.alice)
+    page.wait_for_url(f"{web.base_url}/")
+    page.goto(f"/ui/runs/{quote('tk 1', safe='')}")
+    fleet.wait_chunks("tk 1", 12)
+    owned = fleet.client.require("tk 1")
+    assert owned.owner is not None
+    pgid = fleet.signal_worker_of(owned, signal.SIGSTOP)
+    before = len(fleet.log_of("tk 1"))  # nothing more is appended at epoch 1
+    os.killpg(pgid, signal.SIGKILL)
+    done = fleet.wait_settled("tk 1")
+    assert (done.status.value, done.epoch) == ("completed", 2)
+
+    attempts = http.get(f"/runs/{quote('tk 1', safe='')}").json()["attempts"]
+    assert [(a["attempt"], a["epoch"], a["outcome"], a["log_seq"]) for a in attempts] == [
+        (1, 1, "superseded", None),
+        (2, 2, "completed", before + 1),
+    ]
+    assert attempts[0]["owner"] == owned.owner
+    assert attempts[1]["owner"] not in (None, owned.owner)
+    cause = {"crash": " (its process died)", "lease": " (its lease ran out)"}[
+        attempts[0]["handover_cause"]
+    ]
+    # The pause in the output: from the last bytes epoch 1 stored to the first of epoch 2
+    # (the agent wrote on meanwhile, so both stored some), on the database clock.
+    stored = _stored_times(fleet, "tk 1")
+    pause = round((stored[2][0] - stored[1][1]).total_seconds(), 3)
+    assert attempts[1]["takeover_seconds"] == pause
+    assert pause > 0
+    # The page rounds as JavaScript's toFixed does: half up, on the float's exact value.
+    shown = Decimal(pause).quantize(Decimal("0.1"), ROUND_HALF_UP)
+    said = (
+        f"worker {owned.owner} stopped{cause}; epoch 2 took over after {shown} s; "
+        "nothing was replayed to you"
+    )
+    full = fleet.log_of("tk 1")
+    seqs = [seq for seq, _ in full]
+    expected = [*seqs[:before], "takeover 2", *seqs[before:]]
+    attempt_rows = [
+        ["1", owned.owner, "1", "superseded (" + attempts[0]["handover_cause"] + ")"],
+        ["2", attempts[1]["owner"], "2", "completed"],
+    ]
+
+    check: dict[str, Any] = {
+        "expected": expected,
+        "said": said,
+        "before": before,
+        "attempt_rows": attempt_rows,
+        "full": full,
+    }
+    _check_takeover_page(page, **check)  # the page that was open through the takeover
+    page.reload()  # and one that knew of it before the first chunk
+    _check_takeover_page(page, **check)
+    page.click("#raw-toggle")
+    assert page.locator("#raw").is_visible()
+    assert page.locator("#conversation").is_hidden()  # the raw chunks stand in for it
+    assert page.locator("#raw-toggle").get_attribute("aria-pressed") == "true"
+    page.click("#raw-toggle")
+    assert page.locator("#raw").is_hidden()
+    assert page.locator("#conversation").is_visible()

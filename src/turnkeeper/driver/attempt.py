@@ -135,6 +135,8 @@ def _own(runtime: WorkerRuntime, claim: Claim, *, fresh: bool) -> None:
         if stored_epoch > claim.epoch or run is None or run.attempt_id != claim.attempt_id:
             bound.info("takeover.superseded", stored_epoch=stored_epoch)
             return
+        if not fresh:
+            _record_log_position(runtime, claim, run_log.next_seq(claim.run_id))
         Attempt(runtime, claim, run, keeper, ownership).drive(fresh=fresh)
     except OwnershipLostError as exc:
         # Expected when a successor took over: stop writing, leave the sandbox to it.
@@ -156,6 +158,16 @@ def _own(runtime: WorkerRuntime, claim: Claim, *, fresh: bool) -> None:
         keeper.stop()
         if owner_locks is not None:
             owner_locks.release(claim)
+
+
+def _record_log_position(runtime: WorkerRuntime, claim: Claim, log_seq: int) -> None:
+    """Where this takeover begins in the run log, for the run page's takeover mark: the
+    log is fenced at this epoch and nothing of it is appended yet, so every chunk from
+    ``log_seq`` on is this attempt's. Best effort: a lost write loses only the mark."""
+    try:
+        runtime.store.record_attempt_log_seq(claim, log_seq)
+    except TurnkeeperError as exc:
+        log.warning("takeover.log_position_lost", run_id=claim.run_id, error=str(exc))
 
 
 def _fail(runtime: WorkerRuntime, claim: Claim, exc: TurnkeeperError) -> None:

@@ -6,12 +6,16 @@ from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
+from turnkeeper.errors import InvalidInputError
 from turnkeeper.store import queries as q
 from turnkeeper.store.database import StoreBase
 from turnkeeper.store.records import (
+    AttemptRecord,
+    Claim,
     FleetCounts,
     Run,
     RunStatus,
+    check_claim,
     check_id,
     check_key_name,
     check_limit,
@@ -48,16 +52,72 @@ class MaintenanceMixin(StoreBase):
         status: RunStatus | str | None = None,
         session_id: str | None = None,
         key_name: str | None = None,
+        agent: str | None = None,
+        search: str | None = None,
         limit: int = 100,
+        offset: int = 0,
     ) -> list[Run]:
-        """Runs, newest admission first, optionally of one status, session and/or key."""
-        params = {
+        """Runs, newest admission first, optionally of one status, session, key and/or
+        agent (its preset, or its inline command's program), and/or whose id holds
+        ``search`` (any case); ``offset`` runs skipped first."""
+        params = self._run_filter(status, session_id, key_name, agent, search)
+        params["limit"] = check_limit(limit)
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidInputError(f"offset must be a non-negative integer, got {offset!r}")
+        params["offset"] = offset
+        return [Run.from_row(r) for r in self._db.rows("list_runs", q.LIST_RUNS, params)]
+
+    def count_runs(
+        self,
+        *,
+        status: RunStatus | str | None = None,
+        session_id: str | None = None,
+        key_name: str | None = None,
+        agent: str | None = None,
+        search: str | None = None,
+        most: int = 10_000,
+    ) -> int:
+        """How many runs ``list_runs`` would list with the same filters and no limit,
+        counted up to ``most``."""
+        params = self._run_filter(status, session_id, key_name, agent, search)
+        params["most"] = check_limit(most)
+        row = self._db.one("count_runs", q.COUNT_RUNS, params)
+        assert row is not None  # noqa: S101 - a count always returns a row
+        return int(row["n"])
+
+    @staticmethod
+    def _run_filter(
+        status: RunStatus | str | None,
+        session_id: str | None,
+        key_name: str | None,
+        agent: str | None,
+        search: str | None,
+    ) -> dict[str, Any]:
+        return {
             "status": None if status is None else check_status(status).value,
             "session_id": check_optional_id(session_id, "session_id"),
             "key_name": None if key_name is None else check_key_name(key_name),
-            "limit": check_limit(limit),
+            "agent": check_optional_id(agent, "agent"),
+            "search": check_optional_id(search, "search"),
         }
-        return [Run.from_row(r) for r in self._db.rows("list_runs", q.LIST_RUNS, params)]
+
+    def attempts(self, run_id: str) -> list[AttemptRecord]:
+        """The run's attempts, oldest first (a handed-over attempt awaiting adoption has
+        no row yet)."""
+        params = {"run_id": check_id(run_id, "run_id")}
+        rows = self._db.rows("attempts", q.RUN_ATTEMPTS, params, run_id=run_id)
+        return [AttemptRecord.from_row(r) for r in rows]
+
+    def record_attempt_log_seq(self, claim: Claim, log_seq: int) -> None:
+        """Remember where a takeover's attempt began in the run log (its first seq),
+        once: the run page marks the takeover there."""
+        check_claim(claim)
+        if isinstance(log_seq, bool) or not isinstance(log_seq, int) or log_seq < 1:
+            raise InvalidInputError(f"log_seq must be a positive integer, got {log_seq!r}")
+        params = {"run_id": claim.run_id, "attempt_id": claim.attempt_id, "log_seq": log_seq}
+        self._db.rows(
+            "record_attempt_log_seq", q.RECORD_ATTEMPT_LOG_SEQ, params, run_id=claim.run_id
+        )
 
     def expired_runs(self, limit: int) -> list[Run]:
         """Running runs whose lease expired on the database clock (a read, for operators).

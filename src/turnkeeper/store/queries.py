@@ -98,7 +98,17 @@ SESSION_IDLE = """NOT EXISTS (
       AND (r.status IN ('queued', 'running')
            OR r.finished_at > now() - make_interval(secs => CAST(:ttl AS double precision))))"""
 
+# The agent a run names: its preset, or its inline command's program.
+RUN_AGENT = "COALESCE(payload -> 'agent' ->> 'preset', payload -> 'agent' -> 'command' ->> 0)"
+# The runs a list shows, by its optional filters.
+RUNS_MATCHING = f"""WHERE (CAST(:status AS text) IS NULL OR status = :status)
+  AND (CAST(:session_id AS text) IS NULL OR session_id = :session_id)
+  AND (CAST(:key_name AS text) IS NULL OR key_name = :key_name)
+  AND (CAST(:agent AS text) IS NULL OR {RUN_AGENT} = :agent)
+  AND (CAST(:search AS text) IS NULL OR strpos(lower(run_id), lower(:search)) > 0)"""
+
 _FRAGMENTS = {
+    "runs_matching": RUNS_MATCHING,
     "session_idle": SESSION_IDLE,
     "run_columns": RUN_COLUMNS,
     "slot_columns": SLOT_COLUMNS,
@@ -793,11 +803,36 @@ GET_RUN = _sql("SELECT $run_columns FROM runs WHERE run_id = :run_id")
 
 LIST_RUNS = _sql("""
 SELECT $run_columns FROM runs
-WHERE (CAST(:status AS text) IS NULL OR status = :status)
-  AND (CAST(:session_id AS text) IS NULL OR session_id = :session_id)
-  AND (CAST(:key_name AS text) IS NULL OR key_name = :key_name)
+$runs_matching
 ORDER BY seq DESC
-LIMIT :limit
+LIMIT :limit OFFSET :offset
+""")
+
+# Counted up to :most only: a dashboard refreshes this every few seconds.
+COUNT_RUNS = _sql(
+    "SELECT count(*) AS n FROM (SELECT 1 FROM runs $runs_matching LIMIT :most) AS counted"
+)
+
+# A run's attempts, oldest first, each with when it first and last stored journal
+# bytes (segments are fenced by the attempt, so those within its time are its own).
+RUN_ATTEMPTS = text("""
+SELECT a.attempt_id, a.epoch, a.owner, a.started_at, a.ended_at, a.outcome,
+       a.handover_cause, a.log_seq, stored.first_stored_at, stored.last_stored_at
+FROM attempts a
+CROSS JOIN LATERAL (
+    SELECT min(s.created_at) AS first_stored_at, max(s.created_at) AS last_stored_at
+    FROM segments s
+    WHERE s.run_id = a.run_id AND s.created_at >= a.started_at
+      AND (a.ended_at IS NULL OR s.created_at <= a.ended_at)
+) stored
+WHERE a.run_id = :run_id
+ORDER BY a.epoch, a.started_at
+""")
+
+# Where a takeover's attempt began in the run log, recorded once, by the attempt.
+RECORD_ATTEMPT_LOG_SEQ = text("""
+UPDATE attempts SET log_seq = :log_seq
+WHERE run_id = :run_id AND attempt_id = :attempt_id AND log_seq IS NULL
 """)
 
 EXPIRED_RUNS = _sql("""

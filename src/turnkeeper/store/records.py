@@ -130,6 +130,32 @@ class Run:
 
 
 @dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """One attempt of a run, as the ``attempts`` table keeps it."""
+
+    attempt_id: str
+    epoch: int
+    owner: str
+    started_at: datetime
+    ended_at: datetime | None
+    outcome: str | None
+    """None while the attempt is open; ``superseded`` for one handed over."""
+    handover_cause: str | None
+    """Why a superseded attempt was handed over: ``crash``, ``lease`` or ``forced``."""
+    log_seq: int | None
+    """Where a takeover's attempt began in the run log (the first seq it could append);
+    None for a first claim and for a takeover that recorded none."""
+    first_stored_at: datetime | None = None
+    """When the attempt first stored journal bytes (None: it stored none)."""
+    last_stored_at: datetime | None = None
+    """When it last did."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> AttemptRecord:
+        return cls(**dict(row))
+
+
+@dataclass(frozen=True, slots=True)
 class ApiKey:
     """An API key as the store knows it: its name and scopes, never the key itself."""
 

@@ -192,6 +192,9 @@ attempts = sa.Table(
     # Why a superseded attempt was handed over: its owner died (crash), its lease ran
     # out (lease), or an operator forced it (forced).
     sa.Column("handover_cause", sa.Text, nullable=True),
+    # Where a takeover's attempt began in the run log: the log's next seq once it fenced
+    # the log at its epoch (NULL for a first claim, which begins at the start).
+    sa.Column("log_seq", sa.BigInteger, nullable=True),
     sa.CheckConstraint(_one_of("handover_cause", HANDOVER_CAUSES), name="handover_cause"),
 )
 

@@ -31,11 +31,11 @@ from turnkeeper.errors import (
 )
 from turnkeeper.hosts import fleet_view
 from turnkeeper.log.quota import STREAM_RENEW_SECONDS
-from turnkeeper.store.records import Run, RunStatus, check_id
+from turnkeeper.store.records import Run, RunStatus, check_id, check_key_name, check_status
 from turnkeeper.store.store import Store
 from turnkeeper.web import sse
 from turnkeeper.web.auth import Principal, authenticate, bearer_key, require_visible
-from turnkeeper.web.views import entry_view, events_path, run_view
+from turnkeeper.web.views import attempt_views, entry_view, events_path, run_view
 
 if TYPE_CHECKING:
     from turnkeeper.web.app import WebState
@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 MAX_LIST_LIMIT = 1000
+MAX_LIST_OFFSET = 10_000_000
+MAX_COUNTED = 10_000  # the runs list counts its matches up to this many
 _COUNT = re.compile(r"[0-9]{1,7}")
 
 Caller = Annotated[Principal, Depends(authenticate)]
@@ -112,6 +114,18 @@ def parse_count(raw: str | None, name: str, *, default: int, most: int) -> int:
     if _COUNT.fullmatch(raw) is None or not 1 <= int(raw) <= most:
         raise InvalidInputError(
             f"{name} must be an integer from 1 to {most}, got {raw[:20]!r}",
+            reason=f"invalid-{name}",
+        )
+    return int(raw)
+
+
+def parse_index(raw: str | None, name: str, *, most: int) -> int:
+    """A query position: ASCII digits only, from 0 to ``most`` (0 when absent)."""
+    if raw is None:
+        return 0
+    if _COUNT.fullmatch(raw) is None or int(raw) > most:
+        raise InvalidInputError(
+            f"{name} must be an integer from 0 to {most}, got {raw[:20]!r}",
             reason=f"invalid-{name}",
         )
     return int(raw)
@@ -204,25 +218,55 @@ def _add_run_routes(api: APIRouter) -> None:
     def list_runs(
         request: Request,
         principal: Caller,
+        *,
         status: str | None = None,
         session_id: str | None = None,
+        agent: str | None = None,
+        key: str | None = None,
+        search: str | None = None,
         limit: str | None = None,
+        offset: str | None = None,
     ) -> dict[str, Any]:
-        """The newest runs first (the key's own; every run for an admin key)."""
+        """The newest runs first (the key's own; every run for an admin key), of one
+        ``status``, ``session_id``, ``agent`` (a preset, or an inline command's program)
+        and ``key`` (an admin key's filter), whose id holds ``search`` (any case);
+        ``limit`` runs after the first ``offset``, and ``total``, how many match (at most
+        10,000: ``total_exact`` is false past it)."""
         count = parse_count(limit, "limit", default=50, most=MAX_LIST_LIMIT)
-        if session_id is not None:
-            check_id(session_id, "session_id")
+        skip = parse_index(offset, "offset", most=MAX_LIST_OFFSET)
+        for value, what in ((session_id, "session_id"), (agent, "agent"), (search, "search")):
+            if value is not None:
+                check_id(value, what)
+        if key is not None:
+            check_key_name(key)
+            if key != principal.name:
+                principal.require_admin("the key filter of another key's runs")
+        if status is not None:
+            check_status(status)
+        filters = {
+            "status": status,
+            "session_id": session_id,
+            "agent": agent,
+            "search": search,
+            "key_name": key if key is not None else principal.tenant_filter,
+        }
         client = _state(request).client
-        runs = client.list_runs(
-            status=status, session_id=session_id, key_name=principal.tenant_filter, limit=count
-        )
-        now = client.store.database_now()
         store = client.store
+        runs = client.list_runs(**filters, limit=count, offset=skip)
+        total = store.count_runs(**filters, most=MAX_COUNTED + 1)
+        now = store.database_now()
         views = [
             run_view(run, store.get_turn_slot(run.run_id), now, _waiting_behind(store, run))
             for run in runs
         ]
-        return {"runs": views, "now": now.isoformat()}
+        return {
+            "runs": views,
+            "total": min(total, MAX_COUNTED),
+            "total_exact": total <= MAX_COUNTED,
+            "offset": skip,
+            "limit": count,
+            "now": now.isoformat(),
+        }
 
     @api.post("/runs/{run_id:path}/cancel", tags=["runs"])
     def cancel_run(run_id: str, request: Request, principal: Caller) -> dict[str, Any]:
@@ -232,8 +276,13 @@ def _add_run_routes(api: APIRouter) -> None:
 
     @api.get("/runs/{run_id:path}", tags=["runs"])
     def get_run(run_id: str, request: Request, principal: Caller) -> dict[str, Any]:
-        """A run's status, phase, epoch, attempts, owner, lease, and its stream URL."""
-        return _described(request, _visible_run(request, principal, run_id))
+        """A run's status, phase, epoch, owner, lease, its stream URL, its prompt, and
+        its attempts (each with where a takeover's attempt began in the log)."""
+        run = _visible_run(request, principal, run_id)
+        view = _described(request, run)
+        view["prompt"] = run.payload.get("prompt") if isinstance(run.payload, dict) else None
+        view["attempts"] = attempt_views(_state(request).client.store.attempts(run.run_id))
+        return view
 
     @api.get("/sessions/{session_id:path}/transcript", tags=["sessions"])
     def transcript(session_id: str, request: Request, principal: Caller) -> dict[str, Any]:

@@ -26,7 +26,8 @@ function indexTree(body) {
     siblings.push(entry);
     children.set(entry.parent_id, siblings);
   }
-  return { ...body, byId, children, onActive: new Set(body.active_path) };
+  const statusOf = new Map(body.runs.map((run) => [run.run_id, run.status]));
+  return { ...body, byId, children, statusOf, onActive: new Set(body.active_path) };
 }
 
 function pathTo(leafId) {
@@ -65,7 +66,7 @@ function branchLabel(entry) {
 
 function branchPoint(siblings, chosen) {
   const box = el("div", { class: "branch", "data-parent-id": chosen.parent_id || "" });
-  box.append(el("span", { class: "meta" }, `the conversation branches (${siblings.length}):`));
+  box.append(withIcon("span", { class: "meta" }, "branch", `the conversation branches (${siblings.length}):`));
   for (const sibling of siblings) {
     const current = sibling.entry_id === chosen.entry_id;
     const button = el("button", {
@@ -93,7 +94,7 @@ function entryNodes(entry) {
         kindOf(el("div", { class: "msg" }, message.text), "assistant", entry));
       for (const call of body.toolCalls || []) {
         const box = kindOf(el("div", { class: "tool" }), "tool-call", entry);
-        box.append(el("span", { class: "name" }, `⏺ ${call.name} `), el("span", { class: "args" }, call.args));
+        box.append(withIcon("span", { class: "name" }, "tool", `${call.name} `), el("span", { class: "args" }, call.args));
         nodes.push(box);
       }
       return nodes;
@@ -102,10 +103,13 @@ function entryNodes(entry) {
       return (body.results || []).map((result) => {
         const content = String(result.content);
         const shown = content.length > RESULT_CHARS ? `${content.slice(0, RESULT_CHARS)}…` : content;
-        return kindOf(el("div", { class: "result" }, shown), "tool-result", entry);
+        const box = el("div", { class: "result" });
+        box.append(withIcon("span", { class: "result-of" }, "result", "result"));
+        box.append(kindOf(el("span", { class: "content" }, shown), "tool-result", entry));
+        return box;
       });
     default:
-      return [kindOf(el("div", { class: "marker" }, `● ${entry.kind}`), entry.kind, entry)];
+      return [kindOf(withIcon("div", { class: "marker" }, "info", entry.kind), entry.kind, entry)];
   }
 }
 
@@ -119,13 +123,15 @@ function render() {
     if (siblings.length > 1) nodes.push(branchPoint(siblings, entry));
     if (entry.run_id !== run) {
       run = entry.run_id;
-      const marker = el("div", { class: "marker run-start" }, "● run ");
+      const marker = withIcon("div", { class: "marker run-start" }, "start", "run ");
       marker.append(el("a", { href: `/ui/runs/${encodeURIComponent(run)}` }, run));
+      const status = tree.statusOf.get(run);
+      if (status) marker.append(document.createTextNode(" "), statusPill(status));
       nodes.push(marker);
     }
     nodes.push(...entryNodes(entry));
   }
-  if (path.length === 0) nodes.push(el("div", { class: "marker" }, "no messages yet"));
+  if (path.length === 0) nodes.push(withIcon("div", { class: "marker" }, "info", "no messages yet"));
   conversation.replaceChildren(...nodes);
   conversation.dataset.leaf = leaf || "";
   const onActive = leaf === tree.leaf_id;
@@ -136,10 +142,14 @@ function render() {
 }
 
 function showRuns(runs) {
-  const cells = runs.map((run) => {
+  const cells = runs.map((run, index) => {
     const cell = el("div", { "data-run-id": run.run_id });
-    const status = el("span", {}, run.status);
-    cell.append(status, el("a", { href: `/ui/runs/${encodeURIComponent(run.run_id)}` }, run.run_id));
+    cell.append(
+      el("span", { class: "label" }, `run ${index + 1}`),
+      el("a", { href: `/ui/runs/${encodeURIComponent(run.run_id)}` }, run.run_id),
+      document.createTextNode(" "),
+      statusPill(run.status),
+    );
     return cell;
   });
   document.getElementById("session-runs").replaceChildren(...cells);
