@@ -5,9 +5,23 @@ translates, stores the bytes in Postgres and appends to the fenced log; a
 `turnkeeper web` process streams the run to N SSE clients. Plain: the same agent
 with a pipe, each line XADDed at once, N clients on XREAD BLOCK. The agent
 prints time.time_ns() on each line (one every 20 ms), so each client measures
-the latency of every line it receives. With 1 and with 200 clients.
+the latency of every line it receives. With 1 and with 200 clients on one run.
 
-    .venv/bin/python bench/agent_to_client_latency.py [--lines 150]
+Then the fleet's usual shape, each user watching their own run: 200 runs, and
+1,000 runs, with one client each, all on the one web process. No worker here can
+hold that many live turns (a turn holds a whole prefork process), so these runs'
+lines are appended to the fenced log as their owners would (``RunLog.append``,
+one line per run every ``--fleet-gap`` seconds, stamped with time.time_ns()), by a
+few writer threads, once every client has a first, untimed chunk (as the plain
+readers are connected before their writers start); plain is the same writers
+XADDing to plain streams, one client per stream on XREAD BLOCK. For each case:
+p50 and p99 of both paths, the web process's RSS per open stream (RSS with the
+streams open minus RSS before, per stream), and its Redis connections (CLIENT
+LIST by the names it gives them: parked feed reads, and short commands). The load
+average is printed with them: the machine may be shared.
+
+    .venv/bin/python bench/agent_to_client_latency.py [--lines 150] [--fleet-lines 20]
+        [--fleet-gap 0.5] [--cases 1,200,200x1,1000x1]
 """
 
 from __future__ import annotations
@@ -20,9 +34,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -31,19 +48,24 @@ import redis.asyncio
 
 from _fleet import bench_fleet, percentile
 from turnkeeper.client import Client
+from turnkeeper.config import Settings
+from turnkeeper.log import RunLog
 from turnkeeper.logconfig import configure_logging
 from turnkeeper.secret import STREAM_TOKENS, ServerSecret
+from turnkeeper.store.store import Store
+from turnkeeper.web.app import web_client_names
 from turnkeeper.web.serve import free_port
 from turnkeeper.web.sse import parse_stream
 from turnkeeper.web.tokens import StreamTokens
 
 GAP = 0.02
+WRITERS = 4
 
 
 def agent_argv(lines: int) -> list[str]:
     script = (
         "import time\n"
-        f"time.sleep(1.0)\n"  # the clients connect meanwhile
+        "time.sleep(3.0)\n"  # the clients connect meanwhile (the plain ones before it starts)
         f"for _ in range({lines}):\n"
         "    print(time.time_ns(), flush=True)\n"
         f"    time.sleep({GAP})\n"
@@ -55,7 +77,9 @@ def latency_ms(value: str) -> float:
     return (time.time_ns() - int(value.strip())) / 1e6
 
 
-async def sse_client(http: httpx.AsyncClient, url: str, out: list[float]) -> None:
+async def sse_client(
+    http: httpx.AsyncClient, url: str, out: list[float], opened: Callable[[], None] | None = None
+) -> None:
     async with http.stream("GET", url) as response:
         assert response.status_code == 200, response.status_code
         buffer: list[str] = []
@@ -66,35 +90,52 @@ async def sse_client(http: httpx.AsyncClient, url: str, out: list[float]) -> Non
             for _, event, data in parse_stream(buffer):
                 if event != "message":
                     return
+                if opened is not None:  # its first event: the stream is open and fed
+                    opened()
+                    opened = None
                 chunk = orjson.loads(data)
                 if chunk.get("type") == "TEXT_MESSAGE_CONTENT":
                     out.append(latency_ms(chunk["delta"]))
             buffer = []
 
 
-async def ours(
-    client: Client, base_url: str, tokens: StreamTokens, lines: int, n: int
-) -> list[float]:
+async def ours(  # noqa: PLR0917 - one call site
+    client: Client, base_url: str, tokens: StreamTokens, lines: int, n: int, web_pid: int
+) -> tuple[list[float], float, tuple[int, int]]:
+    """Latencies, RSS KiB per open stream, and (feed, command) connections while open."""
     agent = {"command": agent_argv(lines), "format": "text"}
+    before = rss_kb(web_pid)
     run = client.submit(agent, "")
     url = f"/runs/{run.run_id}/events?token={tokens.issue(run.run_id)}"
     samples: list[float] = []
-    limits = httpx.Limits(max_connections=n + 10)
+    measured: dict[str, Any] = {}
+
+    async def measure() -> None:
+        while len(samples) < n:  # about one line each: every stream is open and fed
+            await asyncio.sleep(0.01)
+        measured["rss"] = rss_kb(web_pid)
+        measured["connections"] = await asyncio.to_thread(web_connections, client.settings)
+
+    limits = httpx.Limits(max_connections=n + 10, max_keepalive_connections=0)
     async with httpx.AsyncClient(
-        base_url=base_url, timeout=httpx.Timeout(10.0, read=None), limits=limits
+        base_url=base_url, timeout=httpx.Timeout(120.0, read=None), limits=limits
     ) as http:
-        await asyncio.gather(*(sse_client(http, url, samples) for _ in range(n)))
-    return samples
+        await asyncio.gather(measure(), *(sse_client(http, url, samples) for _ in range(n)))
+    return samples, (measured["rss"] - before) / n, measured["connections"]
 
 
 async def plain(redis_url: str, lines: int, n: int) -> list[float]:
     key = f"plain-e2e-{uuid.uuid4().hex[:8]}"
     samples: list[float] = []
 
-    async def reader() -> None:
-        conn = redis.asyncio.Redis.from_url(redis_url, socket_timeout=None)
+    async def reader(ready: asyncio.Event) -> None:
+        conn = redis.asyncio.Redis.from_url(
+            redis_url, socket_timeout=None, socket_connect_timeout=120
+        )
         last = "0-0"
         try:
+            await conn.ping()
+            ready.set()
             while True:
                 reply = await conn.xread({key: last}, block=5000, count=100)
                 for _, entries in reply or []:
@@ -114,22 +155,208 @@ async def plain(redis_url: str, lines: int, n: int) -> list[float]:
             sync.xadd(key, {"c": line})
         proc.wait()
         sync.xadd(key, {"end": b"1"})
-        sync.delete(key)
         sync.close()
 
-    readers = [asyncio.create_task(reader()) for _ in range(n)]
+    readies = [asyncio.Event() for _ in range(n)]
+    readers = [asyncio.create_task(reader(ready)) for ready in readies]
+    for ready in readies:
+        await ready.wait()
     await asyncio.to_thread(produce)
     await asyncio.gather(*readers)
+    cleanup = redis.Redis.from_url(redis_url)
+    cleanup.delete(key)  # once every reader has read the end (a deleted key never ends)
+    cleanup.close()
     return samples
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def web_connections(settings: Settings) -> tuple[int, int]:
+    """(feed connections, command connections) of the web process, from CLIENT LIST."""
+    names = web_client_names(settings.namespace)
+    sync = redis.Redis.from_url(settings.require_redis_url())
+    try:
+        listed = [c.get("name") for c in sync.client_list()]
+    finally:
+        sync.close()
+    return listed.count(names.feeds), listed.count(names.commands)
+
+
+def paced_writers(
+    append: Callable[[int, str, int], None], keys: list[str], lines: int, gap: float
+) -> list[threading.Thread]:
+    """WRITERS threads, each appending line 1..lines to its share of ``keys``, one line
+    per key every ``gap`` seconds, spread evenly over the gap."""
+
+    def write(share: list[str], index: int) -> None:
+        step = gap / max(1, len(share))
+        start = time.monotonic() + index * step / WRITERS
+        for line in range(1, lines + 1):
+            for n, key in enumerate(share):
+                due = start + (line - 1) * gap + n * step
+                delay = due - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                append(index, key, line)
+
+    shares = [keys[i::WRITERS] for i in range(WRITERS)]
+    return [
+        threading.Thread(target=write, args=(share, i)) for i, share in enumerate(shares) if share
+    ]
+
+
+def fleet_ours(  # noqa: PLR0917 - one call site
+    settings: Settings,
+    base_url: str,
+    tokens: StreamTokens,
+    web_pid: int,
+    runs: int,
+    lines: int,
+    gap: float,
+) -> tuple[list[float], float, tuple[int, int]]:
+    """Latencies, RSS KiB per open stream, and (feed, command) connections while open."""
+    tag = uuid.uuid4().hex[:8]
+    run_ids = [f"fleet-{tag}-{i}" for i in range(runs)]
+    with Store(settings.require_database_url(), pool_size=2) as store:
+        for run_id in run_ids:
+            store.admit_run(run_id, run_id, {"bench": True}, max_attempts=1, deadline=600)
+    logs = [RunLog.from_settings(settings) for _ in range(WRITERS)]
+    for run_id in run_ids:
+        # A first chunk, not timed: the writers start once every client has it, as the
+        # plain readers are connected before their writers start.
+        logs[0].fence(run_id, 1)
+        logs[0].append(run_id, 1, 1, [{"type": "CUSTOM", "name": "warm-up", "value": 0}])
+
+    def append(writer: int, run_id: str, line: int) -> None:
+        chunk = {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m", "delta": str(time.time_ns())}
+        logs[writer].append(run_id, 1, line + 1, [chunk])
+
+    samples: list[float] = []
+    before = rss_kb(web_pid)
+    opened = 0
+    all_open = asyncio.Event()
+    measured: dict[str, Any] = {}
+
+    def one_opened() -> None:
+        nonlocal opened
+        opened += 1
+        if opened == runs:
+            all_open.set()
+
+    async def scenario() -> None:
+        limits = httpx.Limits(max_connections=runs + 10, max_keepalive_connections=0)
+        timeout = httpx.Timeout(120.0, read=None)
+        async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits) as http:
+            clients = [
+                asyncio.create_task(
+                    sse_client(
+                        http, f"/runs/{r}/events?token={tokens.issue(r)}", samples, one_opened
+                    )
+                )
+                for r in run_ids
+            ]
+            await asyncio.wait_for(all_open.wait(), 300)
+            writers = paced_writers(append, run_ids, lines, gap)
+            for thread in writers:
+                thread.start()
+            await asyncio.sleep(gap * min(lines, 4))  # every feed has parked by now
+            measured["rss"] = rss_kb(web_pid)
+            measured["connections"] = await asyncio.to_thread(web_connections, settings)
+            for thread in writers:
+                await asyncio.to_thread(thread.join)
+            for run_id in run_ids:
+                await asyncio.to_thread(logs[0].close, run_id, 1)
+            await asyncio.gather(*clients)
+
+    asyncio.run(scenario())
+    for log in logs:
+        log.client.close()
+    return samples, (measured["rss"] - before) / runs, measured["connections"]
+
+
+async def fleet_plain(redis_url: str, runs: int, lines: int, gap: float) -> list[float]:
+    tag = uuid.uuid4().hex[:8]
+    keys = [f"plain-fleet-{tag}-{i}" for i in range(runs)]
+    samples: list[float] = []
+    writers_sync = [redis.Redis.from_url(redis_url) for _ in range(WRITERS)]
+
+    def append(writer: int, key: str, _line: int) -> None:
+        writers_sync[writer].xadd(key, {"c": str(time.time_ns())})
+
+    async def reader(key: str, ready: asyncio.Event) -> None:
+        conn = redis.asyncio.Redis.from_url(
+            redis_url, socket_timeout=None, socket_connect_timeout=120
+        )
+        last = "0-0"
+        try:
+            await conn.ping()
+            ready.set()
+            while True:
+                reply = await conn.xread({key: last}, block=5000, count=100)
+                for _, entries in reply or []:
+                    for entry_id, fields in entries:
+                        last = entry_id
+                        if b"end" in fields:
+                            return
+                        samples.append(latency_ms(fields[b"c"].decode()))
+        finally:
+            await conn.aclose()
+
+    readies = [asyncio.Event() for _ in keys]
+    readers = [asyncio.create_task(reader(k, e)) for k, e in zip(keys, readies, strict=True)]
+    for ready in readies:
+        await ready.wait()
+    writers = paced_writers(append, keys, lines, gap)
+    for thread in writers:
+        thread.start()
+    for thread in writers:
+        await asyncio.to_thread(thread.join)
+    for key in keys:
+        writers_sync[0].xadd(key, {"end": b"1"})
+    await asyncio.gather(*readers)
+    for key in keys:
+        writers_sync[0].delete(key)
+    for sync in writers_sync:
+        sync.close()
+    return samples
+
+
+def report(label: str, count: str, ours_samples: list[float], plain_samples: list[float]) -> None:
+    plain50, plain99 = (percentile(plain_samples, q) for q in (50, 99))
+    ours50, ours99 = (percentile(ours_samples, q) for q in (50, 99))
+    print(f"{label:>10} {'plain':<6} {len(plain_samples):>7} {plain50:>8.2f} {plain99:>8.2f}")
+    print(
+        f"{'':>10} {'ours':<6} {len(ours_samples):>7} {ours50:>8.2f} {ours99:>8.2f}"
+        f"   ratio p50 {ours50 / plain50:.2f}x  p99 {ours99 / plain99:.2f}x  {count}"
+    )
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--lines", type=int, default=150)
+    parser.add_argument("--lines", type=int, default=150, help="agent lines (one run)")
+    parser.add_argument("--fleet-lines", type=int, default=20, help="lines per run (many runs)")
+    parser.add_argument(
+        "--fleet-gap", type=float, default=0.5, help="seconds between a run's lines"
+    )
+    parser.add_argument("--cases", default="1,200,200x1,1000x1")
     args = parser.parse_args()
     configure_logging("WARNING")
     secret = secrets.token_hex(16)
-    with tempfile.TemporaryDirectory() as tmp, bench_fleet(Path(tmp), secret=secret) as fleet:
+    # The agent is this interpreter: the jail shows it read-only.
+    binds = ",".join(dict.fromkeys([sys.prefix, sys.base_prefix]))
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        bench_fleet(Path(tmp), secret=secret, sandbox_ro_binds=binds) as fleet,
+    ):
         fleet.worker()
         port = free_port("127.0.0.1", 0)
         web = fleet.start("web", "--port", str(port))
@@ -141,30 +368,41 @@ def main() -> None:
             except httpx.HTTPError:
                 time.sleep(0.1)
         client = Client.from_settings(fleet.settings)
+        redis_url = fleet.settings.require_redis_url()
         tokens = StreamTokens(ServerSecret(secret.encode()).subkey(STREAM_TOKENS), 600)
-        print(f"agent prints a timestamp every {GAP * 1000:.0f} ms, {args.lines} lines")
-        print(f"{'clients':>7} {'path':<36} {'events':>7} {'p50 ms':>8} {'p99 ms':>8}")
-        for n in (1, 200):
-            rows = {
-                "plain": asyncio.run(plain(fleet.settings.require_redis_url(), args.lines, n)),
-                "ours": asyncio.run(ours(client, base_url, tokens, args.lines, n)),
-            }
-            plain50, plain99 = (percentile(rows["plain"], q) for q in (50, 99))
-            for name, samples in rows.items():
-                label = (
-                    "pipe -> XADD -> XREAD (plain)"
-                    if name == "plain"
-                    else "journal -> worker -> log -> SSE"
+        print(
+            f"one run: the agent prints a timestamp every {GAP * 1000:.0f} ms, {args.lines} lines"
+        )
+        print(
+            f"many runs: a line per run every {args.fleet_gap * 1000:.0f} ms, "
+            f"{args.fleet_lines} lines each"
+        )
+        print(f"{'case':>10} {'path':<6} {'events':>7} {'p50 ms':>8} {'p99 ms':>8}")
+        for case in args.cases.split(","):
+            load = load_average()
+            if "x" in case:
+                runs = int(case.partition("x")[0])
+                lines = args.fleet_lines
+                plain_samples = asyncio.run(fleet_plain(redis_url, runs, lines, args.fleet_gap))
+                ours_samples, per_stream, (feeds, commands) = fleet_ours(
+                    fleet.settings, base_url, tokens, web.pid, runs, lines, args.fleet_gap
                 )
-                assert len(samples) == n * args.lines, (name, len(samples))
-                print(
-                    f"{n:>7} {label:<36} {len(samples):>7} "
-                    f"{percentile(samples, 50):>8.2f} {percentile(samples, 99):>8.2f}"
+                expected, label = runs * lines, f"{runs} runs"
+            else:
+                n = int(case)
+                plain_samples = asyncio.run(plain(redis_url, args.lines, n))
+                ours_samples, per_stream, (feeds, commands) = asyncio.run(
+                    ours(client, base_url, tokens, args.lines, n, web.pid)
                 )
-            ours50, ours99 = (percentile(rows["ours"], q) for q in (50, 99))
-            print(
-                f"{n:>7} {'ratio ours / plain':<36} {'':>7} "
-                f"{ours50 / plain50:>7.1f}x {ours99 / plain99:>7.1f}x"
+                expected, label = n * args.lines, f"{n} on 1"
+            assert len(plain_samples) == expected, ("plain", len(plain_samples))
+            assert len(ours_samples) == expected, ("ours", len(ours_samples))
+            report(
+                label,
+                f"RSS/stream {per_stream:.0f} KiB, Redis conns {feeds} feed + {commands} "
+                f"command, load {load}",
+                ours_samples,
+                plain_samples,
             )
         client.close()
         os.killpg(web.pid, signal.SIGTERM)

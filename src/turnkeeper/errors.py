@@ -267,6 +267,10 @@ class NotPermittedError(ClientError):
     """The API key may not do this (a scope or the agent catalog forbids it)."""
 
 
+class MethodNotAllowedError(ClientError):
+    """The resource does not take this method (a run's Durable Stream is read-only)."""
+
+
 class QuotaExceededError(ClientError):
     """The API key is over one of its quotas; retry after ``retry_after`` seconds."""
 

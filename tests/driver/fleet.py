@@ -274,6 +274,16 @@ def expected_log(
     empty directory, translate its stdout, wrap it in the run's first and last chunk.
     """
     spec = AgentSpec.from_payload(agent)
+    translator = translator_for(spec.format, run_id)
+    chunks: list[Chunk] = [lifecycle.run_started(run_id, session_id)]
+    for line in _output_lines(spec, prompt, workdir):
+        chunks.extend(translator.feed(line))
+    chunks.extend(translator.finish())
+    chunks.append(lifecycle.run_finished(run_id, session_id))
+    return chunks
+
+
+def _output_lines(spec: AgentSpec, prompt: str, workdir: Path) -> list[bytes]:
     workdir.mkdir(parents=True, exist_ok=True)
     out = subprocess.run(
         spec.argv(prompt),
@@ -283,7 +293,68 @@ def expected_log(
         timeout=120,
         env={"PATH": os.environ["PATH"], "HOME": str(workdir)},
     ).stdout
-    return log_of_output(run_id, session_id, spec.format, out)
+    return out.splitlines(keepends=True)
+
+
+# The agent's lines passed through as they come; after the argv[2]-th the process
+# stops itself (SIGSTOP) until the test lets it go on (SIGCONT). argv[1] names it.
+_HOLD = """import os, signal, subprocess, sys
+held, argv = int(sys.argv[2]), sys.argv[3:]
+child = subprocess.Popen(argv, stdout=subprocess.PIPE)
+for number, line in enumerate(child.stdout, start=1):
+    sys.stdout.buffer.write(line)
+    sys.stdout.buffer.flush()
+    if number == held:
+        os.kill(os.getpid(), signal.SIGSTOP)
+sys.exit(child.wait())
+"""
+
+
+def held_agent(agent: dict[str, Any], token: str, lines: int) -> dict[str, Any]:
+    """``agent`` (a preset) as an inline spec that stops after ``lines`` lines of output
+    until ``release_held(token)``: the same bytes as ``agent``'s, so its oracle is
+    ``agent``'s. A crash test kills the owner while the agent is held, so the run cannot
+    have settled first however slow the machine. A continuation is ``agent``'s own."""
+    spec = AgentSpec.from_payload(dict(agent))
+    assert isinstance(spec.continue_, list)
+    return {
+        "command": [sys.executable, "-c", _HOLD, token, str(lines), *spec.command],
+        "continue": list(spec.continue_),
+        "format": spec.format,
+    }
+
+
+def _held(token: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = proc.info["cmdline"] or []
+        if len(cmdline) > 3 and cmdline[2] == _HOLD and cmdline[3] == token:
+            found.append(proc)
+    return found
+
+
+def wait_held(token: str, timeout: float = 120.0) -> None:
+    """Until the held agent named ``token`` has stopped itself (a hang guard)."""
+    deadline = time.monotonic() + timeout
+    while not any(p.info["status"] == psutil.STATUS_STOPPED for p in _held(token)):
+        assert time.monotonic() < deadline, f"agent {token} never held"
+        time.sleep(0.05)
+
+
+def release_held(token: str) -> None:
+    for proc in _held(token):
+        proc.send_signal(signal.SIGCONT)
+
+
+def chunks_while_held(
+    run_id: str, agent: dict[str, Any], prompt: str, lines: int, workdir: Path
+) -> int:
+    """How many chunks the run's log holds while ``held_agent(agent, ..., lines)`` is
+    held: the first, and those of the agent's first ``lines`` lines."""
+    spec = AgentSpec.from_payload(dict(agent))
+    translator = translator_for(spec.format, run_id)
+    first = _output_lines(spec, prompt, workdir)[:lines]
+    return 1 + sum(len(translator.feed(line)) for line in first)
 
 
 def log_of_output(run_id: str, session_id: str, output_format: str, out: bytes) -> list[Chunk]:

@@ -5,6 +5,7 @@ a follow-up, and each reply's stream is turnkeeper's log exactly, resumable from
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -88,3 +89,13 @@ def test_only_the_user_streams_their_reply(fleet: Fleet, site: None) -> None:
     # The page's form posts with Django's CSRF token; a forged cross-site post has none.
     strict = Client(REMOTE_USER="ada", enforce_csrf_checks=True)
     assert strict.post("/messages", {"prompt": "forged"}).status_code == 403
+    # The page's own form does carry the token: the same post from it is admitted.
+    form = strict.get("/").content.decode()
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form)
+    assert token is not None, form
+    own = strict.post("/messages", {"prompt": "mine too", "csrfmiddlewaretoken": token[1]})
+    assert own.status_code == 201, own.content
+    assert [r.run_id for r in fleet.client.list_runs(session_id=session_of("ada"))] == [
+        own.json()["run_id"],
+        run_id,
+    ]

@@ -6,14 +6,24 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.driver.fleet import Fleet, expected_log, follow_up_prompt
+from tests.driver.fleet import (
+    Fleet,
+    chunks_while_held,
+    expected_log,
+    follow_up_prompt,
+    held_agent,
+    release_held,
+    wait_held,
+)
 from tests.web.agui_client import AguiClient, install_agui_client
 from tests.web.conftest import ApiKeys, WebServer
 from tests.web.sse_client import Event, iter_events
@@ -155,27 +165,60 @@ def test_a_conversation_through_the_real_agui_client(
     assert fleet.log_of("r2") == list(enumerate(second, start=1))
 
 
+HELD_LINES = 12
+
+
+@pytest.fixture
+def held_web(fleet: Fleet, tmp_path: Path) -> Iterator[tuple[WebServer, str]]:
+    """The web app with ``held``: the catalog's scripted agent, stopped after HELD_LINES
+    lines until released (tests.driver.fleet.held_agent); returns the agent's token."""
+    token = f"held-{fleet.settings.namespace}"
+    spec = held_agent({"preset": "scripted"}, token, HELD_LINES)
+    catalog = tmp_path / "agents.toml"
+    catalog.write_text(
+        "[agents.held]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in spec.items())
+    )
+    server = WebServer.start_app(
+        create_app(fleet.settings.model_copy(update={"agents_file": catalog}), ping_seconds=0.5)
+    )
+    try:
+        yield server, token
+    finally:
+        release_held(token)
+        server.stop()
+
+
 def test_the_client_finishes_once_across_a_worker_killed_mid_stream(
-    fleet: Fleet, web: WebServer, api_keys: ApiKeys, agui_client: AguiClient, tmp_path: Path
+    fleet: Fleet,
+    held_web: tuple[WebServer, str],
+    api_keys: ApiKeys,
+    agui_client: AguiClient,
+    tmp_path: Path,
 ) -> None:
+    web, token = held_web
     fleet.start_worker(concurrency=2)  # someone to take over when the owner dies
     conversation = agui_client.start(
         {
-            "url": f"{web.base_url}/agui/scripted",
+            "url": f"{web.base_url}/agui/held",
             "key": api_keys.alice,
             "threadId": "crash-thread",
             "turns": [{"runId": "k1", "text": "tidy up"}],
         },
         tmp_path,
     )
-    fleet.wait_chunks("k1", 12)
+    oracle = expected_log("k1", "crash-thread", {"preset": "scripted"}, "tidy up", tmp_path / "o")
+    held = chunks_while_held("k1", {"preset": "scripted"}, "tidy up", HELD_LINES, tmp_path / "h")
+    assert 1 < held < len(oracle) - 1
+    wait_held(token)
+    fleet.wait_chunks("k1", held)
+    assert len(fleet.log_of("k1")) == held  # all the held agent said, and no more
     run = fleet.client.require("k1")
-    assert not run.status.is_terminal
+    assert not run.status.is_terminal  # the agent is held: the run cannot have settled
     fleet.signal_worker_of(run, signal.SIGKILL)
+    release_held(token)
     result = conversation.result()
     settled = fleet.wait_settled("k1")
     assert (settled.status.value, settled.epoch) == ("completed", 2)  # it was taken over
-    oracle = expected_log("k1", "crash-thread", "scripted", "tidy up", tmp_path / "o")  # type: ignore[arg-type]
     assert (result["warnings"], result["schemaProblems"]) == ([], [])
     (turn,) = result["turns"]
     check_turn(turn, oracle)
@@ -190,7 +233,10 @@ def test_a_retried_post_reattaches_and_resumes_after_last_event_id(
     body = run_input("retry-thread", "x1", "tidy up")
     # A resume of a run that does not exist admits nothing.
     early = http.post("/agui/scripted", json=body, headers={"Last-Event-ID": "3"})
-    assert (early.status_code, early.json()["reason"]) == (400, "offset-ahead")
+    assert (early.status_code, early.json()) == (
+        404,
+        {"error": "no run has the id 'x1'", "run_id": "x1"},
+    )
     assert fleet.client.get("x1") is None
     first = post_stream(http, body)
     fleet.wait_settled("x1")
@@ -211,6 +257,28 @@ def test_a_retried_post_reattaches_and_resumes_after_last_event_id(
     assert (other.status_code, other.json()["reason"]) == (409, "payload-differs")
 
 
+def test_identical_posts_racing_make_one_run(
+    fleet: Fleet, web: WebServer, api_keys: ApiKeys
+) -> None:
+    """Four clients post the same new thread and run at once (a double-click, a retry
+    racing its original): one run, and each of them streams all of it."""
+    body = run_input("race-thread", "race-1", "tidy up")
+    start = threading.Barrier(4)
+
+    def post() -> list[tuple[str | None, Chunk]]:
+        with web.http(api_keys.alice) as client:
+            start.wait(timeout=60)
+            return [(e.id, e.chunk) for e in post_stream(client, body)]
+
+    with ThreadPoolExecutor(4) as pool:
+        streams = list(pool.map(lambda _: post(), range(4)))
+    fleet.wait_settled("race-1")
+    log = [(str(seq), chunk) for seq, chunk in fleet.log_of("race-1")]
+    assert streams == [log] * 4
+    assert [r.run_id for r in fleet.client.list_runs()] == ["race-1"]
+    assert fleet.client.require("race-1").attempt_count == 1
+
+
 def test_refusals(fleet: Fleet, web: WebServer, api_keys: ApiKeys, http: httpx.Client) -> None:
     body = run_input("alice-thread", "a1", "tidy up")
     with web.http() as anonymous:
@@ -229,6 +297,17 @@ def test_refusals(fleet: Fleet, web: WebServer, api_keys: ApiKeys, http: httpx.C
             "error": "no session has the id 'alice-thread'",
             "session_id": "alice-thread",
         }
+        # A resume tells Alice's run from no run no better: the same status and body.
+        for run_id in ("a1", "never-made"):
+            resume = bob.post(
+                "/agui/scripted",
+                json=run_input("bob-thread", run_id, "tidy up"),
+                headers={"Last-Event-ID": "1"},
+            )
+            assert (resume.status_code, resume.json()) == (
+                404,
+                {"error": f"no run has the id {run_id!r}", "run_id": run_id},
+            ), run_id
     assert [r.run_id for r in fleet.client.list_runs()] == ["a1"]
 
     def refused(payload: Any, agent: str = "scripted") -> tuple[int, str]:

@@ -14,6 +14,7 @@ from turnkeeper.errors import ConfigError
 from turnkeeper.secret import ServerSecret, make_undumpable
 from turnkeeper.store.store import Store
 from turnkeeper.web import create_app
+from turnkeeper.web.serve import DrainingServer
 
 
 def is_loopback(host: str) -> bool:
@@ -56,7 +57,7 @@ def web(
                     )
         make_undumpable()
         console.print(f"dashboard http://{bind_host}:{bind_port}/", highlight=False)
-        uvicorn.run(
+        config = uvicorn.Config(
             create_app(resolved),
             host=bind_host,
             port=bind_port,
@@ -64,3 +65,4 @@ def web(
             proxy_headers=True,
             server_header=False,
         )
+        DrainingServer(config).run()

@@ -3,7 +3,8 @@
 Same keys, same decoding and the same semantics as ``RunLog.snapshot`` and
 ``RunLog.read``; only the writer (the driver) needs the sync class. Each parked
 reader holds one pooled connection while it blocks, so size the pool for the
-number of concurrent streams.
+number of concurrent reads (the web server parks one per watched run,
+``turnkeeper.web.fanout``).
 
 A log Redis lost is rebuilt by ``restorer`` (a sync ``RunLog`` with a source), on a
 worker thread, the first time a read finds it missing.
@@ -23,6 +24,7 @@ from turnkeeper.errors import ConfigError, LogGoneError
 from turnkeeper.log.entries import (
     STATE_FIELDS,
     LogState,
+    Page,
     decode_page,
     parse_state,
     redis_errors,
@@ -63,10 +65,18 @@ class AsyncRunLog:
         """Rebuilds a lost log (``RunLog.ensure``); None: a lost log reads as absent."""
 
     @classmethod
-    def from_url(cls, url: str, *, namespace: str, **client_options: Any) -> Self:
+    def from_url(
+        cls, url: str, *, namespace: str, blocking: bool = False, **client_options: Any
+    ) -> Self:
+        """A log on its own client. ``blocking``: at most ``max_connections`` are
+        opened, and a command waits (``timeout`` seconds) for one to be free, instead of
+        opening connections as fast as commands come."""
         client_options.setdefault("socket_timeout", SOCKET_TIMEOUT)
-        client = redis.asyncio.Redis.from_url(url, decode_responses=False, **client_options)
-        return cls(client, namespace=namespace)
+        pool_class = (
+            redis.asyncio.BlockingConnectionPool if blocking else redis.asyncio.ConnectionPool
+        )
+        pool = pool_class.from_url(url, decode_responses=False, **client_options)
+        return cls(redis.asyncio.Redis.from_pool(pool), namespace=namespace)
 
     @classmethod
     def from_settings(cls, settings: Settings, **client_options: Any) -> Self:
@@ -134,6 +144,15 @@ class AsyncRunLog:
         if not out and after_seq > 0 and not state.exists:
             raise LogGoneError("the log expired", run_id=run_id, reason="expired", offset=after_seq)
         return out
+
+    async def page(self, run_id: str, after_seq: int, count: int) -> Page:
+        """Up to ``count`` stored chunks after ``after_seq`` (one XRANGE), and whether the
+        end marker follows them; never blocks. LogGoneError when retention removed chunk
+        ``after_seq + 1``."""
+        stream = self.keys(run_id).stream
+        with redis_errors(run_id, "page"):
+            entries = await self._redis.xrange(stream, f"(0-{after_seq}", "+", count=count)
+        return decode_page(cast("list[Any]", entries or []), after_seq, run_id)
 
     async def read(
         self, run_id: str, after_seq: int = 0, *, block_ms: int = DEFAULT_BLOCK_MS

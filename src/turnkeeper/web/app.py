@@ -43,6 +43,7 @@ from turnkeeper.errors import (
     InvalidInputError,
     LogGoneError,
     LogOffsetError,
+    MethodNotAllowedError,
     NotPermittedError,
     QuotaExceededError,
     RunConflictError,
@@ -58,7 +59,13 @@ from turnkeeper.logconfig import configure_logging
 from turnkeeper.secret import STREAM_TOKENS, ServerSecret
 from turnkeeper.store.records import check_id
 from turnkeeper.web.agui import agui_router
+from turnkeeper.web.durable import (
+    DEFAULT_LONG_POLL_SECONDS,
+    DEFAULT_SSE_SECONDS,
+    durable_router,
+)
 from turnkeeper.web.edge import BodyLimit, OriginCheck, SecurityHeaders, redact_access_log
+from turnkeeper.web.fanout import FanOut, FanOutLimits
 from turnkeeper.web.metrics import WebMetrics
 from turnkeeper.web.revocation import RevocationWatch
 from turnkeeper.web.routes import api_router
@@ -67,13 +74,18 @@ from turnkeeper.web.tokens import StreamTokens
 log = structlog.get_logger(__name__)
 
 STATIC_DIR = Path(str(files("turnkeeper.web") / "static"))
-# Each open stream parks one Redis connection in XREAD BLOCK; past this many, new streams get 503.
-MAX_REDIS_CONNECTIONS = 4096
+# Each run streamed parks one Redis connection in XREAD BLOCK (turnkeeper.web.fanout); past
+# this many, the streams of a further run end at once with a log-error of status 503.
+MAX_FEED_CONNECTIONS = 4096
+# Short commands (state, pages, stream slots) share a bounded pool; a burst waits for one.
+MAX_COMMAND_CONNECTIONS = 64
+COMMAND_WAIT_SECONDS = 20.0
 
 _STATUS_BY_ERROR: tuple[tuple[type[TurnkeeperError], int], ...] = (
     (AuthenticationError, 401),
     (ApiKeyError, 401),  # revoked between the request's lookup and its admission
     (NotPermittedError, 403),
+    (MethodNotAllowedError, 405),
     (RunNotFoundError, 404),
     (SessionNotFoundError, 404),
     (QuotaExceededError, 429),
@@ -115,20 +127,35 @@ class WebState:
     submit_rate: SubmitRate
     stream_slots: StreamSlots
     revocations: RevocationWatch
+    fanout: FanOut
 
     @classmethod
-    def open(cls, settings: Settings) -> WebState:
+    def open(cls, settings: Settings, fanout_limits: FanOutLimits | None = None) -> WebState:
         secret = ServerSecret.require(settings, "to serve the web app")
         catalog = Catalog.load(settings)
         client = Client.from_settings(settings)
-        run_log = AsyncRunLog.from_settings(settings, max_connections=MAX_REDIS_CONNECTIONS)
-        run_log.restorer = client.log  # a lost log is rebuilt from Postgres on its first read
+        names = web_client_names(settings.namespace)
+        run_log = AsyncRunLog.from_settings(
+            settings,
+            blocking=True,
+            max_connections=MAX_COMMAND_CONNECTIONS,
+            timeout=COMMAND_WAIT_SECONDS,
+            client_name=names.commands,
+        )
+        feed_log = AsyncRunLog.from_settings(
+            settings, max_connections=MAX_FEED_CONNECTIONS, client_name=names.feeds
+        )
+        # A lost log is rebuilt from Postgres on its first read.
+        run_log.restorer = feed_log.restorer = client.log
+        metrics = WebMetrics(client.store, RunLog.from_settings(settings))
+        fanout = FanOut(run_log, feed_log, fanout_limits, on_drop=metrics.streams_dropped.inc)
+        metrics.feeds.set_function(lambda: len(fanout.feeds))
         return cls(
             settings=settings,
             client=client,
             run_log=run_log,
             tokens=StreamTokens(secret.subkey(STREAM_TOKENS), settings.stream_token_ttl),
-            metrics=WebMetrics(client.store, RunLog.from_settings(settings)),
+            metrics=metrics,
             catalog=catalog,
             submit_rate=SubmitRate(
                 client.log.client,
@@ -140,13 +167,29 @@ class WebState:
                 run_log.client, namespace=settings.namespace, cap=settings.max_streams_per_key
             ),
             revocations=RevocationWatch(client.store),
+            fanout=fanout,
         )
 
     async def aclose(self) -> None:
+        await self.fanout.aclose()
         await self.revocations.stop()
         self.client.close()
         self.metrics.close()
         await self.run_log.aclose()
+
+
+@dataclass(frozen=True)
+class WebClientNames:
+    """The names the web process's Redis connections carry (``CLIENT LIST``)."""
+
+    commands: str
+    feeds: str
+
+
+def web_client_names(namespace: str) -> WebClientNames:
+    return WebClientNames(
+        commands=f"turnkeeper-web:{namespace}", feeds=f"turnkeeper-feed:{namespace}"
+    )
 
 
 class _RequestTimer:
@@ -174,8 +217,20 @@ class _RequestTimer:
         await self.app(scope, receive, timed_send)
 
 
-def create_app(settings: Settings | None = None, *, ping_seconds: float = 15.0) -> FastAPI:
-    """The web app on ``settings`` (read from the environment at startup when None)."""
+def create_app(
+    settings: Settings | None = None,
+    *,
+    ping_seconds: float = 15.0,
+    long_poll_seconds: float = DEFAULT_LONG_POLL_SECONDS,
+    sse_seconds: float = DEFAULT_SSE_SECONDS,
+    fanout_limits: FanOutLimits | None = None,
+) -> FastAPI:
+    """The web app on ``settings`` (read from the environment at startup when None).
+    ``long_poll_seconds`` and ``sse_seconds`` bound a Durable Streams live read
+    (``turnkeeper.web.durable``).
+
+    A server that runs it through ``turnkeeper.web.serve.DrainingServer`` ends its
+    event streams cleanly when it shuts down (``app.state.drain_streams``)."""
     edge_settings = settings or load_settings()
 
     @asynccontextmanager
@@ -185,7 +240,8 @@ def create_app(settings: Settings | None = None, *, ping_seconds: float = 15.0) 
             configure_logging(edge_settings.log_level, edge_settings.log_format)
             resolved, _ = resolve_services(edge_settings, start=False)
         redact_access_log()
-        app.state.web = WebState.open(resolved)
+        app.state.web = WebState.open(resolved, fanout_limits)
+        app.state.drain_streams = app.state.web.fanout.drain
         app.state.web.revocations.start()
         log.info("web.started", namespace=resolved.namespace)
         try:
@@ -210,6 +266,13 @@ def create_app(settings: Settings | None = None, *, ping_seconds: float = 15.0) 
     _install_error_handlers(app)
     app.include_router(api_router(ping_seconds=ping_seconds))
     app.include_router(agui_router(ping_seconds=ping_seconds))
+    app.include_router(
+        durable_router(
+            ping_seconds=ping_seconds,
+            long_poll_seconds=long_poll_seconds,
+            sse_seconds=sse_seconds,
+        )
+    )
     _add_dashboard(app)
     return app
 
@@ -240,6 +303,8 @@ def _install_error_handlers(app: FastAPI) -> None:
             headers["WWW-Authenticate"] = challenge
         if status == 429:
             headers["Retry-After"] = str(exc.fields.get("retry_after", 1))
+        if status == 405:
+            headers["Allow"] = str(exc.fields.get("allow", "GET, HEAD"))
         body = {"error": exc.message, **{k: str(v) for k, v in exc.context().items()}}
         return JSONResponse(body, status_code=status, headers=headers)
 

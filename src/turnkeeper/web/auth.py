@@ -72,6 +72,32 @@ async def authenticate(request: Request) -> Principal:
     return Principal.of(found)
 
 
+async def authorize_stream(
+    request: Request, run_id: str, token: str | None
+) -> tuple[Run, Principal | None]:
+    """The run a stream of ``run_id`` reads, and the key that opens it (None for a token).
+
+    A stream opens with a key that may see the run (404 otherwise, as for no run), or
+    with the run's stream token, which grants nothing once its key is revoked.
+    """
+    state = request.app.state.web
+    if bearer_key(request) is not None:
+        principal = await authenticate(request)
+        found = await run_in_threadpool(state.client.get, run_id)
+        return require_visible(principal, found, run_id), principal
+    state.tokens.verify(token, run_id)
+    run: Run = await run_in_threadpool(state.client.require, run_id)
+    # A token outlives nothing: revoking its key cuts off the stream URLs it got.
+    owner = run.key_name
+    if owner is not None and not await run_in_threadpool(state.client.store.key_is_live, owner):
+        raise AuthenticationError(
+            "the key this stream token was issued to is revoked",
+            run_id=run_id,
+            reason="revoked-key",
+        )
+    return run, None
+
+
 def require_visible(principal: Principal, run: Run | None, run_id: str) -> Run:
     """The run, when it exists and the principal may see it; else the same 404 either way."""
     if run is None or not principal.sees(run.key_name):

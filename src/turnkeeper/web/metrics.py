@@ -21,7 +21,8 @@ What the store records is read on every scrape too:
 - ``turnkeeper_max_epoch``: the highest epoch of any unsettled run.
 
 Measured in this process: HTTP request latency per route, the time from
-opening a stream to its first event, open streams, and events sent.
+opening a stream to its first event, open streams, events sent, streams dropped
+for falling behind, and the runs read from Redis (``turnkeeper.web.fanout``).
 """
 
 from __future__ import annotations
@@ -143,6 +144,16 @@ class WebMetrics:
         )
         self.events_sent = Counter(
             "turnkeeper_sse_events", "Chunks sent on SSE streams.", registry=self.registry
+        )
+        self.streams_dropped = Counter(
+            "turnkeeper_sse_dropped",
+            "Streams cut because their client fell too far behind (it resumes).",
+            registry=self.registry,
+        )
+        self.feeds = Gauge(
+            "turnkeeper_sse_feeds",
+            "Runs this process reads from Redis now, one parked read each.",
+            registry=self.registry,
         )
 
     def observe_request(self, method: str, route: str, status: int, started: float) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from collections.abc import AsyncGenerator, Callable
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import anyio
 import structlog
@@ -21,11 +21,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 from sse_starlette import EventSourceResponse
-from starlette.concurrency import run_in_threadpool
 
 from turnkeeper.errors import (
-    AuthenticationError,
     InvalidInputError,
+    ServiceError,
     SessionNotFoundError,
     TurnkeeperError,
 )
@@ -34,7 +33,8 @@ from turnkeeper.log.quota import STREAM_RENEW_SECONDS
 from turnkeeper.store.records import Run, RunStatus, check_id, check_key_name, check_status
 from turnkeeper.store.store import Store
 from turnkeeper.web import sse
-from turnkeeper.web.auth import Principal, authenticate, bearer_key, require_visible
+from turnkeeper.web.auth import Principal, authenticate, authorize_stream, require_visible
+from turnkeeper.web.fanout import DRAIN_GRACE_SECONDS, is_chunk_frame
 from turnkeeper.web.views import attempt_views, entry_view, events_path, run_view
 
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ MAX_COUNTED = 10_000  # the runs list counts its matches up to this many
 _COUNT = re.compile(r"[0-9]{1,7}")
 
 Caller = Annotated[Principal, Depends(authenticate)]
+Event = TypeVar("Event")
 
 
 class SessionRunRequest(BaseModel):
@@ -362,33 +363,24 @@ def _add_event_route(api: APIRouter, *, ping_seconds: float) -> None:
         state = _state(request)
         check_id(run_id, "run_id")
         after = sse.parse_offset(last_event_id, offset)
-        principal: Principal | None = None
-        if bearer_key(request) is not None:
-            principal = await authenticate(request)
-            run = require_visible(
-                principal, await run_in_threadpool(state.client.get, run_id), run_id
-            )
-        else:
-            state.tokens.verify(token, run_id)
-            run = await run_in_threadpool(state.client.require, run_id)
-            # A token outlives nothing: revoking its key cuts off the stream URLs it got.
-            owner = run.key_name
-            if owner is not None and not await run_in_threadpool(
-                state.client.store.key_is_live, owner
-            ):
-                raise AuthenticationError(
-                    "the key this stream token was issued to is revoked",
-                    run_id=run_id,
-                    reason="revoked-key",
-                )
+        run, principal = await authorize_stream(request, run_id, token)
         sse.check_start(run, await state.run_log.state(run_id), after)
         # Streams count against the caller's key, or the run's owner for a token
         # (a trusted client's run, owned by no key, is not counted).
         charged = principal.name if principal is not None else run.key_name
-        return EventSourceResponse(
-            await counted_events(state, run_id, after, charged),
+        if state.fanout.closed:
+            raise ServiceError("the web server is shutting down", reason="shutting-down")
+        subscription = state.fanout.subscribe(
+            run_id, after, on_first_event=state.metrics.first_event_seconds.observe
+        )
+        return sse.CuttableEventSourceResponse(
+            await _counted(state, subscription.frames(), charged, _is_chunk_frame),
+            cut=subscription.cut,
             ping=ping_seconds,
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+            # Under `turnkeeper web`, sse-starlette sees the shutdown too: it lets the
+            # fan-out end the stream cleanly before it cancels it.
+            shutdown_grace_period=DRAIN_GRACE_SECONDS,
         )
 
 
@@ -397,7 +389,35 @@ async def counted_events(
 ) -> AsyncGenerator[dict[str, Any], None]:
     """The run's SSE events after ``after`` (``sse.events``), counted as one of
     ``charged``'s streams (a slot is taken now: 429 past the key's cap) and ended by
-    that key's revocation; ``charged`` None: a trusted client's run, not counted."""
+    that key's revocation; ``charged`` None: a trusted client's run, not counted.
+
+    For a client that needs the chunks themselves (AG-UI): its own read of the log, on
+    the feeds' pool. ``GET /runs/{id}/events`` shares one read per run
+    (``turnkeeper.web.fanout``)."""
+    source = sse.events(
+        state.fanout.feed_log,
+        run_id,
+        after,
+        on_first_event=state.metrics.first_event_seconds.observe,
+    )
+    return await _counted(state, source, charged, _is_chunk_event)
+
+
+def _is_chunk_event(event: dict[str, Any] | bytes) -> bool:
+    return isinstance(event, dict) and "id" in event
+
+
+def _is_chunk_frame(event: dict[str, Any] | bytes) -> bool:
+    return isinstance(event, bytes) and is_chunk_frame(event)
+
+
+async def _counted(
+    state: WebState,
+    source: AsyncGenerator[Event, None],
+    charged: str | None,
+    is_chunk: Callable[[Any], bool],
+) -> AsyncGenerator[Event | dict[str, Any], None]:
+    """``source`` counted as one of ``charged``'s streams and ended by its revocation."""
     slot = None if charged is None else (charged, await state.stream_slots.acquire(charged))
     metrics = state.metrics
 
@@ -406,22 +426,17 @@ async def counted_events(
             await asyncio.sleep(STREAM_RENEW_SECONDS)
             await state.stream_slots.renew(key_name, slot_id)
 
-    async def stream() -> AsyncGenerator[dict[str, Any], None]:
+    async def stream() -> AsyncGenerator[Event | dict[str, Any], None]:
         metrics.open_streams.inc()
         renewer = None if slot is None else asyncio.create_task(renew_slot(*slot))
         try:
             with contextlib.ExitStack() as watching:
-                source = sse.events(
-                    state.run_log,
-                    run_id,
-                    after,
-                    on_first_event=metrics.first_event_seconds.observe,
-                )
+                events: AsyncGenerator[Event | dict[str, Any], None] = source
                 if charged is not None:
                     revoked = watching.enter_context(state.revocations.watch(charged))
-                    source = sse.until_revoked(source, revoked, charged)
-                async for event in source:
-                    if "id" in event:
+                    events = sse.until_revoked(source, revoked, charged)
+                async for event in events:
+                    if is_chunk(event):
                         metrics.events_sent.inc()
                     yield event
         finally:

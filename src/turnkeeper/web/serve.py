@@ -26,6 +26,20 @@ def free_port(host: str = "127.0.0.1", preferred: int = 0) -> int:
     raise ServiceError(f"no free port on {host}", reason="no-port")
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn that, when it starts shutting down, ends the app's event streams cleanly
+    (``app.state.drain_streams``, set by ``create_app``) instead of waiting for runs
+    to end: each stream sends what it has, ends its response, and its client resumes
+    with ``Last-Event-ID``."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        state = getattr(self.config.app, "state", None)
+        drain = getattr(state, "drain_streams", None)
+        if drain is not None:
+            drain()
+        await super().shutdown(sockets)
+
+
 @dataclass
 class BackgroundServer:
     """uvicorn on a thread of this process; ``stop`` shuts it down gracefully."""
@@ -40,7 +54,7 @@ class BackgroundServer:
     ) -> BackgroundServer:
         port = port or free_port(host)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
-        server = uvicorn.Server(config)
+        server = DrainingServer(config)
         thread = threading.Thread(target=server.run, name="turnkeeper-web", daemon=True)
         thread.start()
         deadline = time.monotonic() + timeout

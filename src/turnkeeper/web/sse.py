@@ -10,6 +10,9 @@ retention removes under a parked reader ends the stream with a ``log-error``
 event (``error`` is taken by EventSource for network errors), and so does the
 revocation of the key the stream counts against (status 401,
 ``turnkeeper.web.revocation``).
+
+The route serves every stream of a run from one reader (``turnkeeper.web.fanout``),
+its frames encoded once; ``events`` is the same stream read by one client alone.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import orjson
 import structlog
+from sse_starlette import EventSourceResponse
+from starlette.types import Receive, Scope, Send
 
 from turnkeeper.errors import InvalidInputError, LogError, LogGoneError, LogOffsetError
 from turnkeeper.log import AsyncRunLog, LogState
@@ -31,6 +36,8 @@ from turnkeeper.store.records import Run
 log = structlog.get_logger(__name__)
 
 MAX_OFFSET = 2**53
+
+Event = TypeVar("Event")
 
 
 def parse_offset(last_event_id: str | None, offset: str | None) -> int:
@@ -109,15 +116,15 @@ async def events(
 
 
 async def until_revoked(
-    source: AsyncGenerator[dict[str, Any], None], revoked: asyncio.Event, key_name: str
-) -> AsyncGenerator[dict[str, Any], None]:
+    source: AsyncGenerator[Event, None], revoked: asyncio.Event, key_name: str
+) -> AsyncGenerator[Event | dict[str, Any], None]:
     """``source``'s events until ``revoked`` is set; then a ``log-error`` of status 401.
 
     A read parked in Redis is cancelled, not waited for: the stream ends as soon as
     the revocation is seen.
     """
     stop = asyncio.ensure_future(revoked.wait())
-    step: asyncio.Future[dict[str, Any]] | None = None
+    step: asyncio.Future[Event] | None = None
     try:
         while True:
             step = asyncio.ensure_future(anext(source))
@@ -149,6 +156,29 @@ async def until_revoked(
                 with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
                     await step
             await source.aclose()
+
+
+class CuttableEventSourceResponse(EventSourceResponse):
+    """An event stream that is cut when ``cut`` is set: the connection is closed
+    without the body's end, so the client sees a broken stream and reconnects with
+    ``Last-Event-ID``. A client that stopped reading parks the response in a send
+    that never returns; only cancelling it frees the stream (uvicorn then closes the
+    connection, and logs that the response was not completed)."""
+
+    def __init__(self, *args: Any, cut: asyncio.Event, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cut = cut
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with anyio.create_task_group() as group:
+
+            async def cut_when_told() -> None:
+                await self.cut.wait()
+                group.cancel_scope.cancel()
+
+            group.start_soon(cut_when_told)
+            await super().__call__(scope, receive, send)
+            group.cancel_scope.cancel()
 
 
 def parse_stream(lines: Iterable[str]) -> Iterator[tuple[str | None, str, str]]:

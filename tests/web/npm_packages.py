@@ -1,0 +1,106 @@
+"""npm packages for web tests, installed from the registry once and kept across runs.
+
+The same cache as the agent CLIs (``tests.integration.npm_cache``): an install is
+built in a scratch directory and renamed into place once it is complete, under a
+lock, so xdist workers starting together install once and a half-finished install
+is never used. Versions are pinned exactly.
+
+``run_script`` runs a Node script of the repo from inside an install, so its
+``import`` finds the packages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+from tests.integration.npm_cache import INSTALL_TIMEOUT, NpmInstallError, _locked, cache_root
+
+DURABLE_CLIENT = {"@durable-streams/client": "0.2.7"}
+CONFORMANCE_TESTS = {"@durable-streams/server-conformance-tests": "0.3.6"}
+COMPLETE = "turnkeeper-install.json"
+SCRIPTS = Path(__file__).parent / "node"
+
+
+def install_packages(pinned: dict[str, str]) -> Path:
+    """The prefix of a cached install of exactly ``pinned`` (package -> version)."""
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    key = "_".join(
+        f"{name.strip('@').replace('/', '-')}-{version}" for name, version in sorted(pinned.items())
+    )
+    target = root / key
+    with _locked(root / f"{key}.lock"):
+        if _complete(target, pinned):
+            return target
+        scratch = root / f".{key}.{uuid.uuid4().hex[:8]}"
+        try:
+            scratch.mkdir(parents=True)
+            (scratch / "package.json").write_text(json.dumps({"private": True, "type": "module"}))
+            specs = [f"{name}@{version}" for name, version in sorted(pinned.items())]
+            done = subprocess.run(
+                ["npm", "install", "--no-audit", "--no-fund", "--loglevel=error", *specs],
+                cwd=scratch,
+                capture_output=True,
+                text=True,
+                timeout=INSTALL_TIMEOUT,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
+            if done.returncode != 0:
+                raise NpmInstallError(f"npm install {' '.join(specs)} failed:\n{done.stderr}")
+            (scratch / COMPLETE).write_text(json.dumps(pinned))
+            if target.exists():
+                shutil.rmtree(target)
+            scratch.rename(target)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    if not _complete(target, pinned):
+        raise NpmInstallError(f"install at {target} vanished after it completed")
+    return target
+
+
+def _complete(target: Path, pinned: dict[str, str]) -> bool:
+    try:
+        installed = json.loads((target / COMPLETE).read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(installed == pinned) and all(
+        (target / "node_modules" / name / "package.json").exists() for name in pinned
+    )
+
+
+def run_script(
+    prefix: Path,
+    script: str,
+    args: list[str],
+    *,
+    timeout: float = 180,
+    env: dict[str, str] | None = None,
+    command: list[str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``tests/web/node/<script>`` from a private copy inside ``prefix`` (or run
+    ``command`` in the copy's directory: a test runner that finds it there)."""
+    runs = prefix / "runs"
+    runs.mkdir(exist_ok=True)
+    place = runs / uuid.uuid4().hex
+    place.mkdir()
+    try:
+        copy = place / script
+        shutil.copyfile(SCRIPTS / script, copy)
+        return subprocess.run(
+            command or ["node", str(copy), *args],
+            cwd=place,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+            env={**os.environ, **(env or {})},
+        )
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
