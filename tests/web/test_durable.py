@@ -443,3 +443,32 @@ def test_revoking_the_key_ends_its_sse_reads_and_refuses_the_reconnect(
             _wait_for_slots(settings, "carol", 0, fewest=False)
     finally:
         server.stop()
+
+
+def test_a_long_poll_parked_across_a_revocation_answers_401_not_the_new_chunks(
+    settings: Settings, api_keys: ApiKeys
+) -> None:
+    """Chunks stored after the key was revoked never reach its parked long-poll."""
+    with Store(settings.require_database_url(), pool_size=1) as store:
+        dave = store.create_key("dave")
+    # A wait far past the hang guard below: only a chunk or the revocation can end it.
+    server = WebServer.start_app(create_app(settings, long_poll_seconds=600.0))
+    try:
+        with server.http(dave) as client:
+            submit_run(client, "revoked-poll")
+            writer = LogWriter.open(settings, "revoked-poll")
+            url = f"{stream_path('revoked-poll')}?offset=-1&live=long-poll"
+            answers: list[httpx.Response] = []
+            poller = threading.Thread(target=lambda: answers.append(client.get(url)))
+            poller.start()
+            _wait_for_slots(settings, "dave", 1)  # parked
+            with Store(settings.require_database_url(), pool_size=1) as store:
+                store.revoke_key("dave")
+            writer.append(chunk(1))  # stored after the revocation: not dave's any more
+            poller.join(120)
+            assert not poller.is_alive(), "the revoked key's long-poll went on"
+            assert [answer.status_code for answer in answers] == [401]
+            assert b"seeded" not in answers[0].content
+            _wait_for_slots(settings, "dave", 0, fewest=False)
+    finally:
+        server.stop()
