@@ -472,3 +472,45 @@ def test_a_long_poll_parked_across_a_revocation_answers_401_not_the_new_chunks(
             _wait_for_slots(settings, "dave", 0, fewest=False)
     finally:
         server.stop()
+
+
+def test_a_hundred_parked_long_polls_leave_other_reads_answering(
+    settings: Settings, api_keys: ApiKeys
+) -> None:
+    """More parked long-polls than the web's Redis command pool holds do not wedge HEAD
+    or a catch-up read of another run (each parked XREAD gives its connection back)."""
+    roomy = settings.model_copy(update={"max_streams_per_key": 200})
+    server = WebServer.start_app(create_app(roomy, long_poll_seconds=600.0))
+    parked = 100
+    try:
+        limits = httpx.Limits(max_connections=parked + 10)
+        with (
+            server.http(api_keys.alice) as alice,
+            httpx.Client(
+                base_url=alice.base_url, headers=alice.headers, limits=limits, timeout=300
+            ) as pollers_http,
+        ):
+            submit_run(alice, "parked")
+            submit_run(alice, "bystander")
+            parked_writer = LogWriter.open(roomy, "parked")
+            bystander = LogWriter.open(roomy, "bystander")
+            bystander.append(chunk(1))
+            url = f"{stream_path('parked')}?offset=-1&live=long-poll"
+            answers: list[int] = []
+            pollers = [
+                threading.Thread(target=lambda: answers.append(pollers_http.get(url).status_code))
+                for _ in range(parked)
+            ]
+            for poller in pollers:
+                poller.start()
+            _wait_for_slots(roomy, "alice", parked)
+            head = alice.head(stream_path("bystander"))
+            read = alice.get(f"{stream_path('bystander')}?offset=-1")
+            assert (head.status_code, head.headers["stream-next-offset"]) == (200, format_offset(1))
+            assert (read.status_code, read.json()) == (200, [chunk(1)])
+            parked_writer.append(chunk(1))
+            for poller in pollers:
+                poller.join(120)
+            assert answers == [200] * parked
+    finally:
+        server.stop()
