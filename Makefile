@@ -8,6 +8,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 PYTEST_WORKERS ?= 4
+# `make demo DEMO_FLAGS=` keeps the stack and the dashboard up until Ctrl-C.
+DEMO_FLAGS ?= --exit
 
 .PHONY: demo test lint system-deps clean
 
@@ -18,7 +20,7 @@ $(INSTALLED): pyproject.toml
 	touch $(INSTALLED)
 
 demo: $(INSTALLED)
-	$(BIN)/turnkeeper demo
+	$(BIN)/turnkeeper demo $(DEMO_FLAGS)
 
 test: $(INSTALLED) system-deps
 	$(BIN)/pytest -n $(PYTEST_WORKERS) -p no:cacheprovider

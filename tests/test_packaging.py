@@ -21,5 +21,8 @@ def test_the_wheel_ships_py_typed_and_the_package_data(tmp_path: Path) -> None:
     assert "turnkeeper/client.py" in names
     # What the package opens by path once installed: the dashboard and the migrations.
     assert "turnkeeper/web/static/index.html" in names
+    for static in ("fleet.html", "fleet.js", "charts.js", "fleet.css"):
+        assert f"turnkeeper/web/static/{static}" in names
+    assert "turnkeeper/store/migrations/versions/0009_fleet_activity.py" in names
     assert any(name.startswith("turnkeeper/store/migrations/versions/") for name in names)
     assert not any(name.startswith(("tests/", "examples/")) for name in names)

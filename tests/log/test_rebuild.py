@@ -448,7 +448,7 @@ def test_a_zombie_frozen_before_its_first_fence_makes_no_log_after_a_loss(
     must not make an empty log at its epoch. Readers still see the whole log, and the
     adopter carries on."""
     _admit(rt, "early-1")
-    zombie = rt.store.claim_run("early-1", "zombie", 0.05)
+    zombie = rt.store.claim_and_begin("early-1", "zombie", 0.05)
     assert zombie is not None
     time.sleep(0.1)
     (handed,) = rt.store.hand_over_expired(10)
@@ -458,7 +458,7 @@ def test_a_zombie_frozen_before_its_first_fence_makes_no_log_after_a_loss(
     heir = Owner(rt, "early-1", adopted)
     heir.consume(LINES[:10])
     lose(rt.log, "early-1")
-    _own(rt, zombie, fresh=True)  # superseded: it returns without driving anything
+    _own(rt, zombie.claim, begun=zombie)  # superseded: it returns without driving anything
     assert rt.log.snapshot("early-1") == heir.log()
     assert rt.log.state("early-1").epoch == 2
     heir.consume(LINES[10:])

@@ -208,6 +208,8 @@ KEYED_ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
     ),
     ("GET", "/metrics", None),
     ("GET", "/fleet/hosts", None),
+    ("GET", "/fleet", None),
+    ("GET", "/fleet?minutes=5", None),
     ("GET", "/key", None),
     ("GET", "/openapi.json", None),
 ]
@@ -245,7 +247,8 @@ def test_every_route_needs_a_live_key(target: Target, fleet: Fleet) -> None:
     }
     # What needs no key: the health check and the dashboard's pages, which hold no data.
     with target.http() as anonymous:
-        pages = (f"/ui/runs/{V}", f"/ui/sessions/{V}", "/static/session.js")
+        pages = (f"/ui/runs/{V}", f"/ui/sessions/{V}", "/static/session.js", "/ui/fleet")
+        pages += ("/static/fleet.js", "/static/charts.js", "/static/fleet.css")
         for url in ("/healthz", "/", "/login", "/static/common.js", *pages):
             assert anonymous.get(url).status_code == 200, url
 
@@ -291,6 +294,8 @@ def test_another_tenant_is_told_nothing_exists(target: Target, fleet: Fleet) -> 
         assert refused(target, bob, "GET", "/metrics", 403).json()["reason"] == "admin-only"
         hosts = refused(target, bob, "GET", "/fleet/hosts", 403)  # hosts, pids, other runs' ids
         assert hosts.json()["reason"] == "admin-only"
+        fleet_page = refused(target, bob, "GET", "/fleet", 403)  # every worker and run
+        assert fleet_page.json()["reason"] == "admin-only"
     # Its owner and an admin key see it; the stream token opens it for anyone holding it.
     with target.http(target.keys.alice) as alice:
         assert [r["run_id"] for r in alice.get("/runs").json()["runs"]] == [VICTIM]

@@ -1,31 +1,36 @@
-"""`turnkeeper demo` on the embedded default: a worker killed mid-run, every check passing."""
+"""`turnkeeper demo` on the embedded default: a worker killed mid-run, every check passing;
+with ``--exit`` it stops at once, without it the stack and the dashboard stay up (the run
+and fleet pages it prints answer, with the key it prints) until Ctrl-C."""
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
+_URL = r"http://127\.0\.0\.1:\d+"
 
-@pytest.mark.slow
-def test_demo_kills_a_worker_and_every_check_passes(tmp_path: Path) -> None:
+
+def _demo_env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURNKEEPER_")}
-    env.update(TURNKEEPER_DATA_DIR=str(tmp_path / "data"), TURNKEEPER_WEB_PORT="0", COLUMNS="200")
-    done = subprocess.run(
-        [sys.executable, "-m", "turnkeeper", "demo"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,  # a hang guard
-        check=False,
+    env.update(
+        TURNKEEPER_DATA_DIR=str(tmp_path / "data"),
+        TURNKEEPER_WEB_PORT="0",
+        COLUMNS="200",
+        PYTHONUNBUFFERED="1",
     )
-    out = done.stdout
-    assert done.returncode == 0, f"{out}\n{done.stderr[-4000:]}"
+    return env
+
+
+def _check_output(out: str) -> None:
     killed = r"✗ SIGKILL worker process group \d+ \(owner .+:\d+:[0-9a-f]+, epoch 1\)"
     assert re.search(killed, out), out
     assert re.search(
@@ -40,11 +45,16 @@ def test_demo_kills_a_worker_and_every_check_passes(tmp_path: Path) -> None:
         r"ok   same as the stored log\s+yes$",
         r"ok   takeover\s+epoch 1 → 2$",
         r"ok   run status\s+completed$",
-        r"dashboard\s+http://127\.0\.0\.1:\d+/$",
+        rf"dashboard\s+{_URL}/$",
+        rf"run page\s+{_URL}/ui/runs/demo-[0-9a-f-]+$",
+        rf"fleet page\s+{_URL}/ui/fleet$",
     ):
         assert re.search(line, out, re.MULTILINE), (line, out)
     assert "FAIL" not in out
-    # Everything it started is gone: no process still runs from its data directory.
+
+
+def _leftovers(tmp_path: Path) -> list[dict[str, object]]:
+    """Processes still running from the demo's data directory."""
     data = str(tmp_path / "data")
     leftovers = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
@@ -54,4 +64,73 @@ def test_demo_kills_a_worker_and_every_check_passes(tmp_path: Path) -> None:
                 leftovers.append(proc.info)
         except psutil.Error:
             continue
-    assert leftovers == []
+    return leftovers
+
+
+@pytest.mark.slow
+def test_demo_kills_a_worker_and_every_check_passes(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "turnkeeper", "demo", "--exit"],
+        env=_demo_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=240,  # a hang guard
+        check=False,
+    )
+    out = done.stdout
+    assert done.returncode == 0, f"{out}\n{done.stderr[-4000:]}"
+    _check_output(out)
+    assert "sign in at" not in out  # the key is revoked as it exits: nothing to sign in with
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_demo_keeps_the_stack_and_the_dashboard_up_until_ctrl_c(tmp_path: Path) -> None:
+    with subprocess.Popen(
+        [sys.executable, "-m", "turnkeeper", "demo"],
+        env=_demo_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    ) as demo:
+        lines, returncode = _until_ctrl_c(demo)
+    assert returncode == 0, "".join(lines)
+    assert _leftovers(tmp_path) == []
+
+
+def _until_ctrl_c(demo: subprocess.Popen[str]) -> tuple[list[str], int]:
+    """Check what the demo left up once it says so; then Ctrl-C, and its exit status."""
+    lines: list[str] = []
+    up = threading.Event()
+
+    def read() -> None:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            lines.append(line)
+            if line.startswith("The stack stays up"):
+                up.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert up.wait(240), "".join(lines)  # a hang guard
+        out = "".join(lines)
+        _check_output(out)
+        sign_in = re.search(rf"sign in at\s+({_URL})/login\?next=%2Fui%2Ffleet$", out, re.MULTILINE)
+        key = re.search(r"with the admin key\s+(tk_\S+)$", out, re.MULTILINE)
+        run_page = re.search(rf"run page\s+{_URL}(/ui/runs/\S+)$", out, re.MULTILINE)
+        assert sign_in is not None, out
+        assert key is not None, out
+        assert run_page is not None, out
+        assert demo.poll() is None  # still up after its checks
+        with httpx.Client(base_url=sign_in.group(1), timeout=60) as http:
+            assert http.get("/ui/fleet").status_code == 200
+            assert http.get(run_page.group(1)).status_code == 200
+            fleet = http.get("/fleet", headers={"Authorization": f"Bearer {key.group(1)}"})
+            assert fleet.status_code == 200, fleet.text
+            assert len(fleet.json()["workers"]) == 2  # the killed one stays listed a while
+    finally:
+        demo.send_signal(signal.SIGINT)  # Ctrl-C
+        returncode = demo.wait(timeout=120)
+        reader.join(60)
+    return lines, returncode

@@ -5,7 +5,9 @@ and the web app, submits a scripted run, streams it over SSE into the terminal,
 SIGKILLs the worker that owns it, shows the takeover (crash detection hands the run
 over at once at the default lease; without it, the demo shortens the lease),
 and checks what the SSE client received against the stored log: every chunk
-once, no gaps. Exit 0 only when every check passes.
+once, no gaps. Then it prints the dashboard's run and fleet pages, and the key to
+sign in with, and keeps everything up until Ctrl-C (``--exit``: it stops at once).
+Exit 0 only when every check passes.
 """
 
 from __future__ import annotations
@@ -170,11 +172,14 @@ def _stream(
             chunk: Chunk = orjson.loads(data)
             received.append((int(event_id), chunk))
             if takeover.killed_at is not None and takeover.resumed_at is None:
-                takeover.resumed_at = time.monotonic()
                 if takeover.taken_at is None:  # the epoch watcher may not have looked yet
                     _look_at_epoch(client, run_id, takeover)
-                renderer.close()
-                console.print(_takeover_line(takeover), highlight=False)
+                # A chunk the killed worker appended just before it died can still come
+                # after the kill; the new epoch's first one comes after the takeover.
+                if takeover.taken_at is not None:
+                    takeover.resumed_at = time.monotonic()
+                    renderer.close()
+                    console.print(_takeover_line(takeover), highlight=False)
             renderer.render(chunk)
             results += chunk.get("type") == "TOOL_CALL_RESULT"
             if results == 1 and takeover.killed_at is None:
@@ -236,9 +241,13 @@ def _report(
 def demo(
     turns: Annotated[int, typer.Option(min=2, max=20, help="Turns of the scripted agent.")] = 4,
     pace: Annotated[float, typer.Option(min=0.01, max=2.0, help="Seconds per agent line.")] = 0.15,
-    keep: Annotated[bool, typer.Option("--keep", help="Leave the stack up until Ctrl-C.")] = False,
+    exit_at_once: Annotated[
+        bool,
+        typer.Option("--exit", help="Stop the stack once the checks ran (else: at Ctrl-C)."),
+    ] = False,
 ) -> None:
-    """A worker dies mid-run and the run goes on: takeover, no chunk lost or doubled."""
+    """A worker dies mid-run and the run goes on: takeover, no chunk lost or doubled.
+    The stack and the dashboard stay up afterwards until Ctrl-C (``--exit``: stop at once)."""
     timing = {} if settings_from_env().crash_detection else SHORT_LEASE
     os.environ.update({f"TURNKEEPER_{k}": v for k, v in timing.items()})
     settings = with_dev_secret(settings_from_env())
@@ -271,7 +280,8 @@ def demo(
                 headers={"Authorization": f"Bearer {key}"},
                 timeout=30,
             ).json()
-            console.print(f"run {run_id}; watch it at {server.base_url}/ui/runs/{run_id}")
+            run_page = f"{server.base_url}/ui/runs/{quote(run_id, safe='')}"
+            console.print(f"run {run_id}; watch it at {run_page}", highlight=False)
             threading.Thread(
                 target=_watch_epoch, args=(client, run_id, takeover), daemon=True
             ).start()
@@ -279,10 +289,21 @@ def demo(
                 server.base_url, view["stream_url"], client, run_id, procs[:2], takeover
             )
             ok = _report(client, run_id, received, takeover)
-            console.print(f"     {'dashboard':<24} {server.base_url}/", highlight=False)
-            if keep:
-                console.print(f"     {'dashboard key':<24} {key}", highlight=False)
-                console.print("the stack stays up; Ctrl-C stops it (and revokes the key).")
+            console.print()
+            for name, value in (
+                ("dashboard", f"{server.base_url}/"),
+                ("run page", run_page),
+                ("fleet page", f"{server.base_url}/ui/fleet"),
+            ):
+                console.print(f"     {name:<24} {value}", highlight=False)
+            if not exit_at_once:
+                sign_in = f"{server.base_url}/login?next={quote('/ui/fleet', safe='')}"
+                console.print(f"     {'sign in at':<24} {sign_in}", highlight=False)
+                console.print(f"     {'with the admin key':<24} {key}", highlight=False)
+                console.print(
+                    "The stack stays up for the dashboard; Ctrl-C stops it and revokes the key.",
+                    highlight=False,
+                )
                 wait_for_signal()
         finally:
             takeover.done.set()

@@ -31,7 +31,7 @@ from turnkeeper.chunks import Chunk
 from turnkeeper.driver import lifecycle
 from turnkeeper.driver.conversation import FollowUp
 from turnkeeper.driver.feed import JournalFeed
-from turnkeeper.driver.output import LEASE_RENEWALS, RunOutput, end_log
+from turnkeeper.driver.output import RunOutput, end_log
 from turnkeeper.driver.ownership import Ownership
 from turnkeeper.driver.placement import PlacedJournal, Placement, Placer, process_index
 from turnkeeper.driver.record import TurnRecorder
@@ -63,7 +63,7 @@ from turnkeeper.errors import (
     TurnkeeperError,
 )
 from turnkeeper.sandbox import AgentCommand, JournalReader, Sandbox, SandboxSpec, stderr_tail
-from turnkeeper.store.records import Claim, Run, RunStatus, Verdict
+from turnkeeper.store.records import BegunRun, Claim, Run, RunStatus, Verdict
 from turnkeeper.workers.failpoints import failpoint
 from turnkeeper.workers.lease import LeaseKeeper
 
@@ -89,11 +89,11 @@ _LOST = {
 
 def run_turn(runtime: WorkerRuntime, run_id: str) -> bool:
     """Claim a queued run and drive it; False when it was not ours to claim."""
-    claim = runtime.store.claim_run(run_id, runtime.owner, runtime.settings.lease_ttl)
-    if claim is None:
+    begun = runtime.store.claim_and_begin(run_id, runtime.owner, runtime.settings.lease_ttl)
+    if begun is None:
         log.info("run.claim_skipped", run_id=run_id)
         return False
-    _own(runtime, claim, fresh=True)
+    _own(runtime, begun.claim, begun=begun)
     return True
 
 
@@ -110,20 +110,16 @@ def take_over(runtime: WorkerRuntime, run_id: str, attempt_id: str, epoch: int) 
     if claim is None:
         log.info("takeover.not_adopted", run_id=run_id, attempt_id=attempt_id, epoch=epoch)
         return False
-    _own(runtime, claim, fresh=False)
+    _own(runtime, claim)
     return True
 
 
-def _own(runtime: WorkerRuntime, claim: Claim, *, fresh: bool) -> None:
+def _own(runtime: WorkerRuntime, claim: Claim, *, begun: BegunRun | None = None) -> None:
+    """Drive the run ``claim`` owns: a fresh run when ``begun`` (its claim), a takeover
+    otherwise."""
     settings = runtime.settings
     bound = log.bind(run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
-    keeper = LeaseKeeper(
-        runtime.store,
-        claim,
-        lease_ttl=settings.lease_ttl,
-        interval=settings.heartbeat_interval,
-        on_renewed=lambda: runtime.log.count(LEASE_RENEWALS),
-    ).start()
+    keeper = runtime.lease_keeper(claim).start()
     ownership = Ownership(runtime.store, claim, keeper.lost, settings.lease_ttl)
     # While this process lives and drives the run, it holds the run's owner lock: its
     # death hands the run over at once (docs/architecture.md, "Crash detection").
@@ -135,15 +131,21 @@ def _own(runtime: WorkerRuntime, claim: Claim, *, fresh: bool) -> None:
         # Retried while the lease is held: a Redis down now must not cost the attempt.
         run_log = resilient(runtime.log, SERVICE_RETRY_BUDGET, until=keeper.lost)
         stored_epoch = run_log.fence(claim.run_id, claim.epoch)
-        run = resilient(runtime.store, SERVICE_RETRY_BUDGET, until=keeper.lost).get_run(
-            claim.run_id
+        # A fresh claim read its run as it claimed it: a handover since (its lease ran
+        # out already) shows in the stored epoch, or fences its first write.
+        run = (
+            begun.run
+            if begun is not None
+            else resilient(runtime.store, SERVICE_RETRY_BUDGET, until=keeper.lost).get_run(
+                claim.run_id
+            )
         )
         if stored_epoch > claim.epoch or run is None or run.attempt_id != claim.attempt_id:
             bound.info("takeover.superseded", stored_epoch=stored_epoch)
             return
-        if not fresh:
+        if begun is None:
             _record_log_position(runtime, claim, run_log.next_seq(claim.run_id))
-        Attempt(runtime, claim, run, keeper, ownership).drive(fresh=fresh)
+        Attempt(runtime, claim, run, keeper, ownership, begun=begun).drive()
     except OwnershipLostError as exc:
         # Expected when a successor took over: stop writing, leave the sandbox to it.
         bound.info("attempt.stopped", reason=exc.reason)
@@ -222,8 +224,12 @@ class Attempt:
         run: Run,
         keeper: LeaseKeeper,
         ownership: Ownership,
+        *,
+        begun: BegunRun | None = None,
     ) -> None:
         self.settings = runtime.settings
+        self.begun = begun
+        """The claim of a fresh run (None for a takeover): no attempt ran it before."""
         # Retried while the lease is held (``driver/resilience.py``).
         self.store = resilient(runtime.store, SERVICE_RETRY_BUDGET, until=keeper.lost)
         self.run_log = resilient(runtime.log, SERVICE_RETRY_BUDGET, until=keeper.lost)
@@ -239,9 +245,12 @@ class Attempt:
         self.spec = AgentSpec.from_payload(payload.get("agent", "scripted"))
         self.env = runtime.agent_env(claim.run_id, payload, self.spec)
         self.replay = Replay(claim.run_id, run.session_id, self.spec.format)
-        self.slot = self.store.get_turn_slot(claim.run_id)
+        # A fresh run's slot is the one its claim began (if any): nobody else wrote it.
+        self.slot = begun.slot if begun is not None else self.store.get_turn_slot(claim.run_id)
         self.recorder = TurnRecorder(self.store, claim, run.session_id, ownership, self.slot)
-        self.output = RunOutput(self.store, self.run_log, claim, ownership)
+        self.output = RunOutput(
+            self.store, self.run_log, claim, ownership, first_attempt=begun is not None
+        )
         self.place = Placer(
             runtime.provider_to_run(payload.get("provider")),
             self.store,
@@ -262,15 +271,18 @@ class Attempt:
 
     # --- entry ------------------------------------------------------------------------
 
-    def drive(self, *, fresh: bool) -> None:
-        if fresh:
+    def drive(self) -> None:
+        if self.begun is not None:
             action = Recovery.START
         else:
             action = classify(self._facts())
             self._log.info("takeover.classified", action=action.value)
         self._emit(self.replay.started())
-        self._check_branch()
-        self.recorder.record_input(self.prompt, from_entry=self.from_entry)
+        if self.begun is not None and self.begun.slot is not None:
+            self.recorder.input_recorded(self.begun.input_parent)
+        else:
+            self._check_branch()
+            self.recorder.record_input(self.prompt, from_entry=self.from_entry)
         self.follow_up = FollowUp.of(self.store, self.run, self.recorder.input_parent)
         if self.follow_up is not None and self.spec.recalls_transcript:
             self.agent_prompt = self.follow_up.prompt(self.prompt)
@@ -610,10 +622,17 @@ class Attempt:
         journal, exit_code = ending.journal, ending.exit_code
         failpoint(self.settings, "after-sentinel", self.claim.run_id)
         sentinel = self.place.sentinel(journal, exit_code)
-        # At its own offset, so that bytes a predecessor stored are never stored twice.
-        self.output.write_bytes(journal.journal_key, ending.sentinel_end - len(sentinel), sentinel)
+        # At its own offset, so that bytes a predecessor stored are never stored twice;
+        # the journal marked consumed in the same write, or else on its own.
+        marked = self.output.write_bytes(
+            journal.journal_key,
+            ending.sentinel_end - len(sentinel),
+            sentinel,
+            mark_consumed=self.recorder.consumption_due,
+        )
         failpoint(self.settings, "sentinel-stored", self.claim.run_id)
-        self.recorder.mark_consumed(journal.journal_key)
+        if not marked:
+            self.recorder.mark_consumed(journal.journal_key)
         self._emit(self.replay.closing())
         self.recorder.commit_turn()
         failure = lifecycle.exit_failure(exit_code, self.replay.agent_failure)
@@ -707,7 +726,10 @@ class Attempt:
         """Journal lines to segments (first), then chunks to the log and the transcript."""
         raw = with_newlines(lines)
         start = lines[0][1] - len(raw[0])
-        self.output.write_bytes(journal.journal_key, start, b"".join(raw))
+        # The tool request the bytes before recorded goes in the same write.
+        pending = self.recorder.pending_tool_request
+        if self.output.write_bytes(journal.journal_key, start, b"".join(raw), tool_request=pending):
+            self.recorder.tool_request_written()
         self._emit(self.replay.lines(raw))
 
     def _emit(self, chunks: list[Chunk]) -> None:

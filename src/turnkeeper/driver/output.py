@@ -37,6 +37,7 @@ from turnkeeper.log import RunLog
 from turnkeeper.log.alignment import Aligner
 from turnkeeper.store.records import Claim
 from turnkeeper.store.store import Store
+from turnkeeper.store.turns import ToolRequest
 
 log = structlog.get_logger(__name__)
 
@@ -141,8 +142,12 @@ class RunOutput:
         claim: Claim,
         ownership: Ownership,
         snapshot: Sequence[tuple[int, Chunk]] | None = None,
+        *,
+        first_attempt: bool = False,
     ) -> None:
-        """``snapshot``: the stored log, when given whole; by default it is read in pages."""
+        """``snapshot``: the stored log, when given whole; by default it is read in pages.
+        ``first_attempt``: the run's first (a fresh claim), so no journal of it has stored
+        bytes but those this attempt stores: none is read."""
         self.store = store
         self.run_log = run_log
         self.claim = claim
@@ -151,6 +156,7 @@ class RunOutput:
         self.aligner = Aligner(claim.run_id, stored)
         self.appended = 0
         self._stored_ends: dict[str, int] = {}
+        self._first_attempt = first_attempt
         self._log = log.bind(run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
 
     # --- journal bytes --------------------------------------------------------------
@@ -158,22 +164,45 @@ class RunOutput:
     def stored_end(self, journal_key: str) -> int:
         """Where the journal's stored segments end (read once, then tracked)."""
         if journal_key not in self._stored_ends:
+            if self._first_attempt:
+                return 0
             last = self.store.last_segment(journal_key)
             self._stored_ends[journal_key] = last.byte_end if last else 0
         return self._stored_ends[journal_key]
 
-    def write_bytes(self, journal_key: str, start: int, data: bytes) -> None:
-        """Store journal bytes ``[start, start + len)``; bytes already stored are skipped."""
+    def write_bytes(
+        self,
+        journal_key: str,
+        start: int,
+        data: bytes,
+        *,
+        mark_consumed: bool = False,
+        tool_request: ToolRequest | None = None,
+    ) -> bool:
+        """Store journal bytes ``[start, start + len)``; bytes already stored are skipped.
+        True when this call stored them, and so with ``mark_consumed`` (the journal's
+        last bytes) marked the journal consumed too, or recorded ``tool_request``
+        (``Store.append_segment``)."""
         end = start + len(data)
         stored = self.stored_end(journal_key)
         if end <= stored:
-            return
+            return False
         if start < stored:
             data, start = data[stored - start :], stored
         self.ownership.check()
         # Refused for its state: a retry whose reply was lost stored these very bytes.
-        self.ownership.confirm(self.store.append_segment(self.claim, journal_key, start, data))
+        made = self.ownership.confirm(
+            self.store.append_segment(
+                self.claim,
+                journal_key,
+                start,
+                data,
+                mark_consumed=mark_consumed,
+                tool_request=tool_request,
+            )
+        )
         self._stored_ends[journal_key] = end
+        return made
 
     # --- chunks ---------------------------------------------------------------------
 

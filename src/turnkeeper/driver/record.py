@@ -26,6 +26,7 @@ from turnkeeper.chunks import Chunk
 from turnkeeper.driver.ownership import Ownership
 from turnkeeper.store.records import Claim, NewEntry, TurnPhase, TurnSlot, Verdict
 from turnkeeper.store.store import Store
+from turnkeeper.store.turns import ToolRequest
 
 _RANK = {
     TurnPhase.BEFORE_PROVIDER: 0,
@@ -127,6 +128,8 @@ class TurnRecorder:
         conversation), known once ``record_input`` ran."""
         self._recorded: Position = (slot.turn_index, _RANK[slot.phase]) if slot else (-1, -1)
         self._turn_open = False
+        self._pending: tuple[Position, ToolRequest] | None = None
+        """The turn's tool request, to go with the next store write of the turn."""
 
     @property
     def input_entry_id(self) -> str:
@@ -150,6 +153,12 @@ class TurnRecorder:
                 self.claim, 0, self._turn_id(0), checkpoint_leaf_id=self.leaf
             ),
         )
+
+    def input_recorded(self, parent: str | None) -> None:
+        """``record_input``, made by the claim already (``Store.claim_and_begin``): the
+        input under ``parent``, turn 0 begun in the slot."""
+        self.input_parent = parent
+        self.leaf = self.input_entry_id
 
     def provider_started(self, journal_key: str) -> None:
         self.journal_key = journal_key
@@ -175,8 +184,7 @@ class TurnRecorder:
         results completed it), so the next process begins a turn, and records its
         journal key, of its own."""
         if self._turn_open:
-            self.commit_turn()
-            self._begin_next_turn()
+            self._end_turn(begin_next=True)
 
     def observe(self, chunks: list[Chunk]) -> None:
         for chunk in chunks:
@@ -184,27 +192,94 @@ class TurnRecorder:
             self.content.observe(chunk)
             event = self.tracker.observe(chunk)
             if event is TurnEvent.TOOL_REQUEST_RECORDED:
-                self._slot_write(
-                    (self.turn_index, 2),
-                    partial(
-                        self.store.update_turn_phase,
-                        self.claim,
-                        TurnPhase.TOOL_REQUEST_RECORDED,
-                        tool_request=self.content.tool_request(),
-                        checkpoint_leaf_id=self.leaf,
-                    ),
-                )
+                position = (self.turn_index, 2)
+                if position > self._recorded:
+                    self._pending = (position, (self.content.tool_request(), self.leaf))
             elif event is TurnEvent.TURN_COMPLETE:
-                self.commit_turn()
-                self._begin_next_turn()
+                self._end_turn(begin_next=True)
+
+    @property
+    def pending_tool_request(self) -> ToolRequest | None:
+        """The tool request the turn recorded in its output, not written yet: it goes
+        with the turn's next write (its next segment, or its end), which comes before
+        any chunk that follows it, or on its own before any other slot write."""
+        return None if self._pending is None else self._pending[1]
+
+    def tool_request_written(self) -> None:
+        """The pending tool request went with a write (made, or refused for its state)."""
+        if self._pending is not None:
+            self._recorded = max(self._recorded, self._pending[0])
+            self._pending = None
+
+    def _write_pending(self) -> None:
+        if self._pending is not None:
+            position, (request, leaf) = self._pending
+            self._pending = None
+            self._slot_write(
+                position,
+                partial(
+                    self.store.update_turn_phase,
+                    self.claim,
+                    TurnPhase.TOOL_REQUEST_RECORDED,
+                    tool_request=request,
+                    checkpoint_leaf_id=leaf,
+                ),
+            )
+
+    @property
+    def consumption_due(self) -> bool:
+        """The journal's end is still to be marked in the slot (its turn not committed)."""
+        return self._recorded < (self.turn_index, 3)
 
     def mark_consumed(self, journal_key: str) -> None:
-        if self._recorded >= (self.turn_index, 3):
+        if not self.consumption_due:
             return
         self.ownership.check()
         self.ownership.confirm(self.store.mark_journal_consumed(self.claim, journal_key))
 
     def commit_turn(self) -> None:
+        """Commit the last turn (the journal ended)."""
+        self._end_turn(begin_next=False)
+
+    def _end_turn(self, *, begin_next: bool) -> None:
+        """Commit the turn and, with ``begin_next``, begin the next one: in one store
+        statement when none of its writes was made before (``Store.commit_turn``), else
+        (a successor's replay) one write at a time, each made only if it is due."""
+        entries = self.content.entries(self.claim.run_id, self.turn_index)
+        if (self.turn_index, 3) > self._recorded and (entries or self.leaf is not None):
+            index = self.turn_index + 1
+            journal_key = self.journal_key if begin_next else None
+            self.ownership.check()
+            verdict = self.store.commit_turn(
+                self.claim,
+                self.session_id,
+                entries,
+                self.leaf,
+                next_turn=(index, self._turn_id(index)) if begin_next else None,
+                next_journal_key=journal_key,
+                tool_request=self.pending_tool_request,
+            )
+            if verdict is Verdict.NOT_OWNER:
+                self.ownership.lose("store-fenced")
+            if verdict is Verdict.DONE:
+                self._pending = None
+                if entries:
+                    self.leaf = entries[-1].entry_id
+                if not begin_next:
+                    self._recorded = (self.turn_index, 3)
+                    return
+                self._next_turn()
+                self._recorded = (index, 0)
+                if journal_key is not None:
+                    self._turn_open = True
+                    self._recorded = (index, 1)
+                return
+        self._commit_turn()
+        if begin_next:
+            self._begin_next_turn()
+
+    def _commit_turn(self) -> None:
+        self._write_pending()
         entries = self.content.entries(self.claim.run_id, self.turn_index)
         if entries:
             self.leaf = self._append(entries, self.leaf, under=self.leaf)
@@ -214,10 +289,13 @@ class TurnRecorder:
                 (self.turn_index, 3), lambda: self.store.commit_turn_slot(self.claim, leaf)
             )
 
-    def _begin_next_turn(self) -> None:
+    def _next_turn(self) -> None:
         self.turn_index += 1
         self.content = TurnContent()
         self._turn_open = False
+
+    def _begin_next_turn(self) -> None:
+        self._next_turn()
         index = self.turn_index
         self._slot_write(
             (index, 0),
@@ -240,7 +318,10 @@ class TurnRecorder:
         return leaf
 
     def _slot_write(self, position: Position, write: Callable[[], Verdict]) -> None:
-        """Make a slot write unless this position was recorded before."""
+        """Make a slot write unless this position was recorded before (a tool request
+        still pending before it is written first)."""
+        if self._pending is not None and position > self._pending[0]:
+            self._write_pending()
         if position <= self._recorded:
             return
         self.ownership.check()

@@ -11,13 +11,17 @@ a ``StoreUnavailableError`` (retryable), any other driver failure a ``StoreError
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
-from typing import Any
+from contextvars import ContextVar
+from functools import cache
+from typing import Any, ParamSpec, TypeVar
 
 import psycopg
 import sqlalchemy as sa
+import structlog
 from psycopg import pq
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
@@ -32,6 +36,10 @@ from turnkeeper.store import queries as q
 from turnkeeper.store.queries import pyformat
 from turnkeeper.store.records import Claim, Verdict
 
+log = structlog.get_logger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
+
 # psycopg_pool's PoolTimeout and PoolClosed are OperationalErrors too.
 _UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError)
 _DRIVER_ERRORS = (psycopg.Error,)
@@ -43,6 +51,65 @@ _CONNECT_TIMEOUT = 10
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
 
 Row = dict[str, Any]
+
+
+# The statements sent in the current context, when someone tallies them (``tally``).
+_TALLY: ContextVar[list[str] | None] = ContextVar("turnkeeper_statement_tally", default=None)
+
+
+@contextmanager
+def tally() -> Iterator[list[str]]:
+    """Name every statement this thread sends to the database while the block runs, in
+    order: a single statement by its operation, each one of a transaction as
+    ``operation/statement``, its BEGIN and COMMIT (round trips too) included. Another
+    thread's statements (a lease heartbeat's) are not this context's."""
+    names: list[str] = []
+    token = _TALLY.set(names)
+    try:
+        yield names
+    finally:
+        _TALLY.reset(token)
+
+
+def tallied(task: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """A task of one run (its id the first argument) whose statements are tallied and
+    then logged (``store.statements``, at debug): what the run's task cost the database,
+    named in order."""
+
+    def decorate(function: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(function)
+        def run(*args: P.args, **kwargs: P.kwargs) -> R:
+            run_id = args[0] if args else kwargs.get("run_id")
+            with tally() as names:
+                try:
+                    return function(*args, **kwargs)
+                finally:
+                    log.debug(
+                        "store.statements",
+                        task=task,
+                        run_id=run_id,
+                        count=len(names),
+                        statements=names,
+                    )
+
+        return run
+
+    return decorate
+
+
+def _tallied(name: str) -> None:
+    names = _TALLY.get()
+    if names is not None:
+        names.append(name)
+
+
+@cache
+def _statement_names() -> dict[int, str]:
+    return {id(v): k.lower() for k, v in vars(q).items() if isinstance(v, sa.TextClause)}
+
+
+def _statement_name(statement: sa.TextClause) -> str:
+    return _statement_names().get(id(statement), "statement")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -84,11 +151,16 @@ def _fetch(cursor: psycopg.Cursor[DictRow]) -> list[Row]:
 class Transaction:
     """The statements of one transaction, each returning plain dict rows."""
 
-    def __init__(self, cursor: psycopg.Cursor[DictRow]) -> None:
+    def __init__(self, cursor: psycopg.Cursor[DictRow], operation: str) -> None:
         self._cursor = cursor
+        self._operation = operation
+
+    def _execute(self, statement: sa.TextClause, params: Mapping[str, Any]) -> None:
+        _tallied(f"{self._operation}/{_statement_name(statement)}")
+        self._cursor.execute(pyformat(statement), params)
 
     def rows(self, statement: sa.TextClause, params: Mapping[str, Any]) -> list[Row]:
-        self._cursor.execute(pyformat(statement), params)
+        self._execute(statement, params)
         return _fetch(self._cursor)
 
     def one(self, statement: sa.TextClause, params: Mapping[str, Any]) -> Row | None:
@@ -101,7 +173,7 @@ class Transaction:
         return None if row is None else next(iter(row.values()))
 
     def rowcount(self, statement: sa.TextClause, params: Mapping[str, Any]) -> int:
-        self._cursor.execute(pyformat(statement), params)
+        self._execute(statement, params)
         return self._cursor.rowcount
 
 
@@ -181,6 +253,7 @@ class Database:
         self, operation: str, statement: sa.TextClause, params: Mapping[str, Any], **fields: Any
     ) -> list[Row]:
         """Run one autocommit statement; its rows (none for a statement without any)."""
+        _tallied(operation)
         try:
             with self._connection() as conn:
                 return _fetch(conn.execute(pyformat(statement), params))
@@ -197,13 +270,15 @@ class Database:
     def transaction(self, operation: str, **fields: Any) -> Iterator[Transaction]:
         """One READ COMMITTED transaction: committed when the block ends, rolled back
         if it raises."""
-        with (
-            translated(operation, **fields),
-            self._connection() as conn,
-            conn.transaction(),
-            conn.cursor() as cursor,
-        ):
-            yield Transaction(cursor)
+        with translated(operation, **fields), self._connection() as conn:
+            _tallied(f"{operation}/begin")
+            try:
+                with conn.transaction(), conn.cursor() as cursor:
+                    yield Transaction(cursor, operation)
+            except BaseException:
+                _tallied(f"{operation}/rollback")
+                raise
+            _tallied(f"{operation}/commit")
 
 
 class StoreBase:

@@ -19,6 +19,7 @@ from turnkeeper.errors import InvalidInputError, StoreError
 from turnkeeper.store import queries as q
 from turnkeeper.store.database import StoreBase
 from turnkeeper.store.records import (
+    BegunRun,
     Claim,
     Run,
     RunStatus,
@@ -65,6 +66,38 @@ class OwnershipMixin(StoreBase):
         claim = Claim.from_row(row)
         log.info("run.claimed", run_id=run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
         return claim
+
+    def claim_and_begin(self, run_id: str, owner: str, lease_ttl: float) -> BegunRun | None:
+        """``claim_run``, and in the same statement the run as claimed, and (unless it
+        branches) its input appended under the session's leaf and turn 0 begun: the
+        first writes of a fresh run, all under the attempt this statement makes."""
+        check_id(run_id, "run_id")
+        check_id(owner, "owner")
+        params = {
+            "run_id": run_id,
+            "owner": owner,
+            "lease_ttl": check_seconds(lease_ttl, "lease_ttl"),
+            "attempt_id": _new_attempt_id(),
+        }
+        try:
+            row = self._db.one("claim_and_begin", q.CLAIM_AND_BEGIN, params, run_id=run_id)
+        except StoreError as exc:
+            # The one-running-run-per-session index is a safety net; hitting it is a refusal.
+            if isinstance(exc.__cause__, psycopg.IntegrityError):
+                return None
+            raise
+        if row is None:
+            return None
+        begun = BegunRun.from_row(row)
+        claim = begun.claim
+        log.info(
+            "run.claimed",
+            run_id=run_id,
+            attempt_id=claim.attempt_id,
+            epoch=claim.epoch,
+            begun=begun.slot is not None,
+        )
+        return begun
 
     def renew_lease(self, claim: Claim, lease_ttl: float) -> Verdict:
         """Extend the lease from the database clock; NOT_OWNER means ownership is lost."""

@@ -119,6 +119,9 @@ _FRAGMENTS = {
     # A worker seen after this is alive, and so is its host.
     "seen_since": "now() - make_interval(secs => CAST(:dead_after AS double precision))",
     "owned_slot": _OWNED_SLOT,
+    "slot_returning": ", ".join(
+        f"{c.strip()} AS slot_{c.strip()}" for c in SLOT_COLUMNS.split(",")
+    ),
     "hand_over_to_new_attempt": _HAND_OVER_CANDIDATES,
     "key_columns": KEY_COLUMNS,
     "lock_space": str(OWNER_LOCK_SPACE),
@@ -203,6 +206,65 @@ WITH candidate AS (
     SELECT run_id, attempt_id, epoch, :owner FROM claimed
 )
 SELECT run_id, attempt_id, epoch FROM claimed
+""")
+
+# The claim of a fresh run and its first steps, in one statement: the claim (as
+# CLAIM_RUN), the run as claimed, and, for a run that is no branch, its input appended
+# under the session's leaf (the leaf moved by compare-and-set) and turn 0 begun in its
+# slot, both under the new attempt, which no one can have fenced yet. A run that
+# branches (``from_entry``) has its branch checked first, by the driver: for it, as for
+# an input or slot that is somehow stored already, only the claim is made here.
+CLAIM_AND_BEGIN = _sql("""
+WITH candidate AS (
+    SELECT r.run_id FROM runs r
+    WHERE r.run_id = :run_id AND r.status = 'queued'
+      AND r.attempt_count < r.max_attempts
+      AND (r.deadline IS NULL OR r.deadline > now())
+      AND NOT EXISTS (
+          SELECT 1 FROM runs e
+          WHERE e.session_id = r.session_id AND e.seq < r.seq
+            AND e.status IN ('queued', 'running'))
+), claimed AS (
+    UPDATE runs r SET status = 'running', attempt_id = :attempt_id, epoch = r.epoch + 1,
+        attempt_count = r.attempt_count + 1, owner = :owner,
+        lease_expires_at = $lease, started_at = now(), updated_at = now()
+    FROM candidate
+    WHERE r.run_id = candidate.run_id AND r.status = 'queued'
+    RETURNING $r_run_columns
+), recorded AS (
+    INSERT INTO attempts (run_id, attempt_id, epoch, owner)
+    SELECT run_id, attempt_id, epoch, :owner FROM claimed
+), input AS (
+    SELECT c.run_id, c.session_id, c.run_id || '/input' AS entry_id, s.leaf_id AS parent_id,
+        jsonb_build_object('prompt', c.payload -> 'prompt') AS body
+    FROM claimed c JOIN sessions s ON s.session_id = c.session_id
+    WHERE jsonb_typeof(c.payload -> 'prompt') = 'string' AND NOT (c.payload ? 'from_entry')
+      AND NOT EXISTS (
+          SELECT 1 FROM transcript_entries t
+          WHERE t.session_id = c.session_id AND t.entry_id = c.run_id || '/input')
+      AND NOT EXISTS (SELECT 1 FROM turn_slots j WHERE j.run_id = c.run_id)
+), moved AS (
+    UPDATE sessions s SET leaf_id = i.entry_id, version = s.version + 1, updated_at = now()
+    FROM input i
+    WHERE s.session_id = i.session_id AND s.leaf_id IS NOT DISTINCT FROM i.parent_id
+    RETURNING s.session_id
+), entry AS (
+    INSERT INTO transcript_entries
+        (session_id, entry_id, parent_id, run_id, attempt_id, kind, body)
+    SELECT i.session_id, i.entry_id, i.parent_id, i.run_id, :attempt_id, 'user', i.body
+    FROM input i JOIN moved m ON m.session_id = i.session_id
+    ON CONFLICT (session_id, entry_id) DO NOTHING
+    RETURNING entry_id, parent_id
+), slot AS (
+    INSERT INTO turn_slots
+        (run_id, attempt_id, turn_index, turn_id, phase, revision, checkpoint_leaf_id)
+    SELECT c.run_id, c.attempt_id, 0, c.run_id || '/turn-0', 'before_provider', 1, e.entry_id
+    FROM claimed c, entry e
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING $slot_returning
+)
+SELECT c.*, (SELECT parent_id FROM entry) AS input_parent, slot.*
+FROM claimed c LEFT JOIN slot ON true
 """)
 
 OWNS_RUN = text("""
@@ -549,10 +611,90 @@ $owned_slot
 RETURNING j.revision
 """)
 
+# The end of a turn in one statement, fenced by the attempt: its entries appended (as
+# APPEND_TRANSCRIPT), the slot committed at the new leaf (as COMMIT_TURN_SLOT) and, with
+# :next_index, the next turn begun (as BEGIN_TURN_SLOT) and, with :next_journal_key, its
+# provider started (as UPDATE_PHASE): the slot moves once to where those writes would
+# leave it, its revision up by :writes, one per write. With :tool_request, the turn's
+# tool request (as UPDATE_PHASE to tool_request_recorded) goes first, at
+# :tool_checkpoint. All of it or nothing: a replayed
+# append, a moved leaf or a slot not where the writer left it change nothing here, and
+# the caller makes the writes one by one, which tell why.
+COMMIT_TURN = text("""
+WITH writer AS (
+    SELECT 1 FROM runs
+    WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
+      AND session_id = :session_id
+    FOR SHARE
+), open_turn AS (
+    SELECT 1 FROM turn_slots j
+    WHERE j.run_id = :run_id AND j.attempt_id = :attempt_id
+      AND j.phase IN ('provider_started', 'tool_request_recorded')
+      AND (CAST(:next_index AS integer) IS NULL OR CAST(:next_index AS integer) > j.turn_index)
+      AND (CAST(:tool_request AS jsonb) IS NULL OR j.phase = 'provider_started')
+), chain AS (
+    SELECT e.ord, e.entry_id, e.parent_id, e.kind, e.body
+    FROM jsonb_to_recordset(CAST(:entries AS jsonb))
+        AS e(ord int, entry_id text, parent_id text, kind text, body jsonb)
+), moved AS (
+    UPDATE sessions s SET leaf_id = :leaf_id, version = s.version + 1, updated_at = now()
+    WHERE s.session_id = :session_id AND s.leaf_id IS NOT DISTINCT FROM :expected_leaf
+      AND EXISTS (SELECT 1 FROM chain)
+      AND EXISTS (SELECT 1 FROM writer) AND EXISTS (SELECT 1 FROM open_turn)
+      AND NOT EXISTS (
+          SELECT 1 FROM transcript_entries t JOIN chain c ON t.entry_id = c.entry_id
+          WHERE t.session_id = :session_id)
+    RETURNING s.version
+), inserted AS (
+    INSERT INTO transcript_entries
+        (session_id, entry_id, parent_id, run_id, attempt_id, kind, body)
+    SELECT :session_id, c.entry_id, c.parent_id, :run_id, :attempt_id, c.kind, c.body
+    FROM chain c WHERE EXISTS (SELECT 1 FROM moved)
+    ORDER BY c.ord
+    ON CONFLICT (session_id, entry_id) DO NOTHING
+    RETURNING entry_id
+), slot AS (
+    UPDATE turn_slots j SET
+        turn_index = COALESCE(CAST(:next_index AS integer), j.turn_index),
+        turn_id = COALESCE(CAST(:next_turn_id AS text), j.turn_id),
+        phase = CASE WHEN CAST(:next_index AS integer) IS NULL THEN 'committed'
+                     WHEN CAST(:next_journal_key AS text) IS NULL THEN 'before_provider'
+                     ELSE 'provider_started' END,
+        journal_key = CASE WHEN CAST(:next_index AS integer) IS NULL THEN j.journal_key
+                           ELSE CAST(:next_journal_key AS text) END,
+        tool_request = CASE WHEN CAST(:next_index AS integer) IS NULL
+                            THEN COALESCE(CAST(:tool_request AS jsonb), j.tool_request) END,
+        checkpoint_leaf_id = CASE
+            WHEN CAST(:next_index AS integer) IS NOT NULL THEN :leaf_id
+            WHEN CAST(:tool_request AS jsonb) IS NOT NULL
+                THEN COALESCE(:tool_checkpoint, j.checkpoint_leaf_id)
+            ELSE j.checkpoint_leaf_id END,
+        committed_leaf_id = CASE WHEN CAST(:next_index AS integer) IS NULL THEN :leaf_id END,
+        journal_consumed_at = CASE WHEN CAST(:next_index AS integer) IS NULL
+                                   THEN j.journal_consumed_at END,
+        revision = j.revision + :writes, updated_at = now()
+    WHERE j.run_id = :run_id AND j.attempt_id = :attempt_id
+      AND j.phase IN ('provider_started', 'tool_request_recorded')
+      AND (CAST(:next_index AS integer) IS NULL OR CAST(:next_index AS integer) > j.turn_index)
+      AND (CAST(:tool_request AS jsonb) IS NULL OR j.phase = 'provider_started')
+      AND EXISTS (SELECT 1 FROM writer)
+      AND (NOT EXISTS (SELECT 1 FROM chain) OR EXISTS (SELECT 1 FROM moved))
+    RETURNING j.revision
+)
+SELECT EXISTS (SELECT 1 FROM writer) AS owned,
+       EXISTS (SELECT 1 FROM slot) AS done,
+       (SELECT count(*) FROM inserted) AS inserted,
+       (SELECT count(*) FROM chain) AS entries
+""")
+
 GET_TURN_SLOT = _sql("SELECT $slot_columns FROM turn_slots WHERE run_id = :run_id")
 
 # --- segments --------------------------------------------------------------------------
 
+# Once the segment is stored, in the same write: with :mark_consumed (the segment that
+# ends the journal, its sentinel) the slot's journal is marked consumed (as
+# MARK_JOURNAL_CONSUMED); with :tool_request, the tool request its turn recorded in
+# the bytes before is (as UPDATE_PHASE to tool_request_recorded).
 APPEND_SEGMENT = text("""
 WITH owner AS (
     SELECT run_id FROM runs
@@ -569,6 +711,22 @@ WITH owner AS (
     WHERE tip.byte_end = :byte_start AND NOT EXISTS (SELECT 1 FROM foreign_key)
     ON CONFLICT (journal_key, byte_start) DO NOTHING
     RETURNING 1
+), marked AS (
+    UPDATE turn_slots j SET
+        journal_consumed_at = CASE WHEN CAST(:mark_consumed AS boolean) THEN now()
+                                   ELSE j.journal_consumed_at END,
+        phase = CASE WHEN CAST(:tool_request AS jsonb) IS NULL THEN j.phase
+                     ELSE 'tool_request_recorded' END,
+        tool_request = COALESCE(CAST(:tool_request AS jsonb), j.tool_request),
+        checkpoint_leaf_id = CASE WHEN CAST(:tool_request AS jsonb) IS NULL
+                                  THEN j.checkpoint_leaf_id
+                                  ELSE COALESCE(:checkpoint_leaf_id, j.checkpoint_leaf_id) END,
+        revision = j.revision + 1, updated_at = now()
+    WHERE EXISTS (SELECT 1 FROM inserted)
+      AND j.run_id = :run_id AND j.attempt_id = :attempt_id
+      AND (CAST(:mark_consumed AS boolean) AND j.phase <> 'committed'
+               AND j.journal_key = :journal_key AND j.journal_consumed_at IS NULL
+           OR CAST(:tool_request AS jsonb) IS NOT NULL AND j.phase = 'provider_started')
 )
 SELECT (SELECT count(*) FROM inserted) AS inserted,
        (SELECT count(*) FROM owner) AS owned,
@@ -613,29 +771,6 @@ LIMIT 1
 
 # --- transcript ------------------------------------------------------------------------
 
-FENCE_WRITER = text("""
-SELECT 1 FROM runs
-WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
-  AND session_id = :session_id
-FOR SHARE
-""")
-
-MOVE_LEAF = text("""
-UPDATE sessions SET leaf_id = :leaf_id, version = version + 1, updated_at = now()
-WHERE session_id = :session_id AND leaf_id IS NOT DISTINCT FROM :expected_leaf
-RETURNING version
-""")
-
-INSERT_ENTRIES = text("""
-INSERT INTO transcript_entries (session_id, entry_id, parent_id, run_id, attempt_id, kind, body)
-SELECT :session_id, e.entry_id, e.parent_id, :run_id, :attempt_id, e.kind, e.body
-FROM jsonb_to_recordset(CAST(:entries AS jsonb))
-    AS e(ord int, entry_id text, parent_id text, kind text, body jsonb)
-ORDER BY e.ord
-ON CONFLICT (session_id, entry_id) DO NOTHING
-RETURNING entry_id
-""")
-
 STORED_ENTRIES = text("""
 SELECT e.entry_id, e.parent_id, e.kind, e.body
 FROM transcript_entries e
@@ -644,6 +779,43 @@ WHERE e.session_id = :session_id AND e.entry_id IN (
 """)
 
 CURRENT_LEAF = text("SELECT leaf_id FROM sessions WHERE session_id = :session_id")
+
+# An append in one statement: fenced by the attempt (the run row share-locked, so a
+# handover waits for it), the leaf moved by compare-and-set, and the chain inserted only
+# once the leaf moved and none of its entry ids was stored: all of it or nothing. Only
+# the run's owner writes its entries (one run of a session runs at a time), so no entry
+# id is taken between the check and the insert. Nothing written: the caller reads why.
+APPEND_TRANSCRIPT = text("""
+WITH writer AS (
+    SELECT 1 FROM runs
+    WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
+      AND session_id = :session_id
+    FOR SHARE
+), chain AS (
+    SELECT e.ord, e.entry_id, e.parent_id, e.kind, e.body
+    FROM jsonb_to_recordset(CAST(:entries AS jsonb))
+        AS e(ord int, entry_id text, parent_id text, kind text, body jsonb)
+), moved AS (
+    UPDATE sessions s SET leaf_id = :leaf_id, version = s.version + 1, updated_at = now()
+    WHERE s.session_id = :session_id AND s.leaf_id IS NOT DISTINCT FROM :expected_leaf
+      AND EXISTS (SELECT 1 FROM writer)
+      AND NOT EXISTS (
+          SELECT 1 FROM transcript_entries t JOIN chain c ON t.entry_id = c.entry_id
+          WHERE t.session_id = :session_id)
+    RETURNING s.version
+), inserted AS (
+    INSERT INTO transcript_entries
+        (session_id, entry_id, parent_id, run_id, attempt_id, kind, body)
+    SELECT :session_id, c.entry_id, c.parent_id, :run_id, :attempt_id, c.kind, c.body
+    FROM chain c WHERE EXISTS (SELECT 1 FROM moved)
+    ORDER BY c.ord
+    ON CONFLICT (session_id, entry_id) DO NOTHING
+    RETURNING entry_id
+)
+SELECT EXISTS (SELECT 1 FROM writer) AS owned,
+       EXISTS (SELECT 1 FROM moved) AS moved,
+       (SELECT count(*) FROM inserted) AS inserted
+""")
 
 SET_LEAF = text("""
 WITH writer AS (
@@ -1073,6 +1245,100 @@ SELECT
         AS expired_leases,
     (SELECT COALESCE(max(epoch), 0) FROM runs WHERE status IN ('queued', 'running'))
         AS max_epoch
+""")
+
+
+# --- the fleet page ---------------------------------------------------------------------
+
+# Worker processes seen within :shown_for seconds (the live ones and those that stopped
+# lately), each with the running runs it owns: the current attempt's age (how long it
+# has held the run) and what is left of its lease, on the database clock.
+FLEET_WORKERS = _sql("""
+SELECT w.worker_id, w.host_id, w.pid, w.main_pid, w.started_at, w.last_seen,
+    w.draining_at IS NOT NULL AS draining, w.last_seen > $seen_since AS alive,
+    CAST(EXTRACT(EPOCH FROM now() - w.last_seen) AS double precision) AS silent_seconds,
+    COALESCE(jsonb_agg(jsonb_build_object(
+        'run_id', r.run_id, 'epoch', r.epoch,
+        'held_seconds', CAST(EXTRACT(EPOCH FROM now() - a.started_at) AS double precision),
+        'lease_seconds_left',
+            CAST(EXTRACT(EPOCH FROM r.lease_expires_at - now()) AS double precision))
+        ORDER BY r.seq) FILTER (WHERE r.run_id IS NOT NULL), '[]') AS runs
+FROM workers w
+LEFT JOIN runs r ON r.status = 'running' AND r.owner = w.worker_id
+LEFT JOIN attempts a ON a.run_id = r.run_id AND a.attempt_id = r.attempt_id
+WHERE w.last_seen > now() - make_interval(secs => CAST(:shown_for AS double precision))
+GROUP BY w.worker_id
+ORDER BY w.host_id, w.main_pid, w.started_at, w.worker_id
+LIMIT :limit
+""")
+
+# Running runs no worker owns: handed over, waiting for a worker to adopt them.
+AWAITING_ADOPTION = text("""
+SELECT run_id, epoch,
+    CAST(EXTRACT(EPOCH FROM now() - handed_over_at) AS double precision) AS waiting_seconds
+FROM runs WHERE handed_over_at IS NOT NULL
+ORDER BY handed_over_at, seq
+LIMIT :limit
+""")
+
+# The last :minutes minutes, one row per minute, oldest first: runs started (claimed
+# from the queue), runs settled by status, and takeovers (attempts superseded) by cause
+# (``lease`` for one that predates causes).
+FLEET_ACTIVITY = text("""
+WITH bounds AS (
+    SELECT date_trunc('minute', now()) AS last,
+        date_trunc('minute', now()) - make_interval(mins => CAST(:minutes AS integer) - 1)
+            AS since
+), started AS MATERIALIZED (
+    SELECT date_trunc('minute', r.started_at) AS minute, count(*) AS n
+    FROM runs r, bounds b WHERE r.started_at >= b.since GROUP BY 1
+), settled AS MATERIALIZED (
+    SELECT minute, jsonb_object_agg(status, n) AS by_status FROM (
+        SELECT date_trunc('minute', r.finished_at) AS minute, r.status, count(*) AS n
+        FROM runs r, bounds b
+        WHERE r.finished_at >= b.since AND r.status IN ('completed', 'failed', 'aborted')
+        GROUP BY 1, 2) s
+    GROUP BY minute
+), takeovers AS MATERIALIZED (
+    SELECT minute, jsonb_object_agg(cause, n) AS by_cause FROM (
+        SELECT date_trunc('minute', a.ended_at) AS minute,
+            COALESCE(a.handover_cause, 'lease') AS cause, count(*) AS n
+        FROM attempts a, bounds b WHERE a.outcome = 'superseded' AND a.ended_at >= b.since
+        GROUP BY 1, 2) t
+    GROUP BY minute
+)
+SELECT m.minute, COALESCE(s.n, 0) AS started, COALESCE(se.by_status, '{}') AS settled,
+    COALESCE(t.by_cause, '{}') AS takeovers
+FROM bounds b
+CROSS JOIN generate_series(b.since, b.last, interval '1 minute') AS m(minute)
+LEFT JOIN started s ON s.minute = m.minute
+LEFT JOIN settled se ON se.minute = m.minute
+LEFT JOIN takeovers t ON t.minute = m.minute
+ORDER BY m.minute
+""")
+
+# Takeovers whose new attempt started in the last :minutes minutes: the seconds from
+# the hand-over (the old attempt superseded) to the adoption (the new one started),
+# counted per bucket of :bounds (``width_bucket``: 0 below the first bound, i for
+# bounds[i] <= seconds < bounds[i + 1], len(bounds) at or past the last one).
+TAKEOVER_LATENCY = text("""
+WITH latencies AS (
+    SELECT CAST(EXTRACT(EPOCH FROM n.started_at - o.ended_at) AS double precision) AS seconds
+    FROM attempts n
+    JOIN attempts o ON o.run_id = n.run_id AND o.epoch = n.epoch - 1
+        AND o.outcome = 'superseded'
+    WHERE n.started_at >= date_trunc('minute', now())
+        - make_interval(mins => CAST(:minutes AS integer) - 1)
+)
+SELECT
+    COALESCE((SELECT jsonb_object_agg(bucket, n) FROM (
+        SELECT width_bucket(seconds, CAST(:bounds AS double precision[])) AS bucket,
+            count(*) AS n
+        FROM latencies GROUP BY 1) b), '{}') AS buckets,
+    (SELECT count(*) FROM latencies) AS count,
+    (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY seconds) FROM latencies) AS p50,
+    (SELECT percentile_cont(0.95) WITHIN GROUP (ORDER BY seconds) FROM latencies) AS p95,
+    (SELECT max(seconds) FROM latencies) AS max
 """)
 
 

@@ -10,7 +10,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -245,6 +245,28 @@ class TurnSlot:
 
 
 @dataclass(frozen=True, slots=True)
+class BegunRun:
+    """A fresh claim (``claim_and_begin``) and what its one statement did besides."""
+
+    claim: Claim
+    run: Run
+    """The run as claimed: running under ``claim``."""
+    slot: TurnSlot | None
+    """Turn 0 begun, the run's input appended under the session's leaf; None: neither
+    (a branch, whose input the driver appends once it checked the branch)."""
+    input_parent: str | None
+    """The entry the input was appended under (None: it opened the conversation)."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> BegunRun:
+        run = Run.from_row({f.name: row[f.name] for f in fields(Run)})
+        slot = None
+        if row.get("slot_run_id") is not None:
+            slot = TurnSlot.from_row({f.name: row[f"slot_{f.name}"] for f in fields(TurnSlot)})
+        return cls(Claim.from_row(row), run, slot, row["input_parent"] if slot else None)
+
+
+@dataclass(frozen=True, slots=True)
 class NewEntry:
     """A transcript entry to append; its id must be deterministic so a replay is a no-op."""
 
@@ -286,6 +308,71 @@ class FleetCounts:
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> FleetCounts:
         return cls(**dict(row))
+
+
+@dataclass(frozen=True, slots=True)
+class OwnedRun:
+    """A running run a worker process owns, on the database clock."""
+
+    run_id: str
+    epoch: int
+    held_seconds: float | None
+    """Since its current attempt started (claim or adoption)."""
+    lease_seconds_left: float | None
+    """Negative once expired."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSlot:
+    """One worker process (a slot of its Celery worker) and the runs it owns."""
+
+    worker_id: str
+    host_id: str
+    pid: int
+    main_pid: int
+    started_at: datetime
+    last_seen: datetime
+    draining: bool
+    alive: bool
+    """Seen within ``host_dead_after`` (the database clock)."""
+    silent_seconds: float
+    """Since its last heartbeat."""
+    runs: tuple[OwnedRun, ...]
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> WorkerSlot:
+        fields = dict(row)
+        fields["runs"] = tuple(OwnedRun(**run) for run in fields["runs"])
+        return cls(**fields)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetMinute:
+    """One minute of the fleet's activity: runs started, settled and taken over."""
+
+    minute: datetime
+    started: int
+    settled: dict[str, int]
+    """By status: completed, failed, aborted."""
+    takeovers: dict[str, int]
+    """By cause: crash, lease, forced."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> FleetMinute:
+        return cls(**dict(row))
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyHistogram:
+    """Takeover latencies (hand-over to adoption, seconds) counted per bucket: ``counts[i]``
+    below ``bounds[i]`` (and at or past the bound before it); the last one past them all."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    count: int
+    p50: float | None
+    p95: float | None
+    max: float | None
 
 
 @dataclass(frozen=True, slots=True)

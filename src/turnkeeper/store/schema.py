@@ -155,6 +155,9 @@ runs = sa.Table(
         "finished_at",
         postgresql_where=sa.text("finished_at IS NOT NULL AND pruned_at IS NULL"),
     ),
+    # The fleet page counts the last minutes' starts and settles (store/fleet.py).
+    sa.Index("ix_runs_started_at", "started_at"),
+    sa.Index("ix_runs_finished_at", "finished_at"),
 )
 
 # Worker processes and the host each runs on, with a heartbeat on the database clock:
@@ -196,6 +199,13 @@ attempts = sa.Table(
     # the log at its epoch (NULL for a first claim, which begins at the start).
     sa.Column("log_seq", sa.BigInteger, nullable=True),
     sa.CheckConstraint(_one_of("handover_cause", HANDOVER_CAUSES), name="handover_cause"),
+    # The fleet page's takeovers per minute and takeover latencies (store/fleet.py).
+    sa.Index("ix_attempts_started_at", "started_at"),
+    sa.Index(
+        "ix_attempts_ended_at_superseded",
+        "ended_at",
+        postgresql_where=sa.text("outcome = 'superseded'"),
+    ),
 )
 
 turn_slots = sa.Table(

@@ -1,7 +1,7 @@
 """The ``Store``: the primitives that decide who owns a run and how far its turns got.
 
 One class, assembled from one part per area (admission, ownership, turn slots and
-segments, transcript, maintenance, API keys, hosts, session workspaces) that share
+segments, transcript, maintenance, API keys, hosts, session workspaces, the fleet page) that share
 the pooled ``Database``.
 Every owner write is fenced by the attempt id in the statement itself; a refusal
 is a ``False`` or ``None``, never an exception. Database trouble becomes a
@@ -13,6 +13,7 @@ from __future__ import annotations
 from turnkeeper.errors import InvalidInputError
 from turnkeeper.store.admission import AdmissionMixin
 from turnkeeper.store.database import Database
+from turnkeeper.store.fleet import FleetMixin
 from turnkeeper.store.hosts import HostsMixin
 from turnkeeper.store.keys import KeysMixin
 from turnkeeper.store.maintenance import MaintenanceMixin
@@ -31,6 +32,7 @@ class Store(
     KeysMixin,
     HostsMixin,
     WorkspacesMixin,
+    FleetMixin,
 ):
     """A pooled, thread-safe handle on the run store. Create one per process (after fork)."""
 

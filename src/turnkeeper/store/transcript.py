@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from turnkeeper.errors import InvalidInputError, TranscriptConflictError
+from turnkeeper.errors import InvalidInputError, StoreError, TranscriptConflictError
 from turnkeeper.store import queries as q
 from turnkeeper.store.database import StoreBase
 from turnkeeper.store.records import (
@@ -29,10 +29,6 @@ class _Leaf:
 
 
 _LEAF = _Leaf()
-
-
-class _EntryIdTakenError(Exception):
-    """Internal: an entry id of the chain exists; the transaction must roll back."""
 
 
 class TranscriptMixin(StoreBase):
@@ -61,7 +57,7 @@ class TranscriptMixin(StoreBase):
         check_id(session_id, "session_id")
         check_optional_id(expected_leaf, "expected_leaf")
         parent = expected_leaf if isinstance(under, _Leaf) else check_optional_id(under, "under")
-        chain = self._chain(entries, parent)
+        chain = self.chain_of(entries, parent)
         new_leaf = chain[-1]["entry_id"]
         params = {
             "run_id": claim.run_id,
@@ -77,17 +73,19 @@ class TranscriptMixin(StoreBase):
             "attempt_id": claim.attempt_id,
             "session_id": session_id,
         }
-        try:
-            with self._db.transaction("append_transcript", **fields) as tx:
-                if tx.one(q.FENCE_WRITER, params) is None:
-                    return None
-                if tx.one(q.MOVE_LEAF, params) is not None:
-                    inserted = tx.rows(q.INSERT_ENTRIES, params)
-                    if len(inserted) == len(chain):
-                        return str(new_leaf)
-                    raise _EntryIdTakenError  # noqa: TRY301 - rolls the leaf move back
-        except _EntryIdTakenError:
-            pass
+        row = self._db.one("append_transcript", q.APPEND_TRANSCRIPT, params, **fields)
+        assert row is not None  # noqa: S101 - the statement always returns one row
+        if not row["owned"]:
+            return None
+        if row["moved"]:
+            if row["inserted"] != len(chain):
+                raise StoreError(
+                    "the leaf moved but an entry id was taken meanwhile",
+                    reason="entry-id-raced",
+                    **fields,
+                )
+            return str(new_leaf)
+        # Nothing written: a replay of this very append, or a conflict. Which one?
         with self._db.transaction("append_transcript", **fields) as tx:
             stored = {r["entry_id"]: r for r in tx.rows(q.STORED_ENTRIES, params)}
             current = tx.scalar(q.CURRENT_LEAF, params)
@@ -112,7 +110,9 @@ class TranscriptMixin(StoreBase):
         )
 
     @staticmethod
-    def _chain(entries: Sequence[NewEntry], expected_leaf: str | None) -> list[dict[str, Any]]:
+    def chain_of(entries: Sequence[NewEntry], expected_leaf: str | None) -> list[dict[str, Any]]:
+        """The entries as rows of a chain under ``expected_leaf``, each under the one
+        before it, checked."""
         if isinstance(entries, NewEntry) or not entries:
             raise InvalidInputError("entries must be a non-empty sequence of NewEntry")
         chain: list[dict[str, Any]] = []

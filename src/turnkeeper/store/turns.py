@@ -6,14 +6,17 @@ a committed turn refuses every later write to it, from any attempt.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any
 
-from turnkeeper.errors import InvalidInputError, SegmentConflictError
+from turnkeeper.errors import InvalidInputError, SegmentConflictError, StoreError
 from turnkeeper.store import queries as q
 from turnkeeper.store.database import StoreBase
 from turnkeeper.store.records import (
     PHASE_PREDECESSORS,
     Claim,
+    NewEntry,
     Segment,
     TurnPhase,
     TurnSlot,
@@ -25,6 +28,20 @@ from turnkeeper.store.records import (
     check_phase,
     to_json,
 )
+from turnkeeper.store.transcript import TranscriptMixin
+
+ToolRequest = tuple[Any, str | None]
+"""A turn's tool request, and the leaf its turn checkpoints at."""
+
+
+def _tool_request_params(tool_request: ToolRequest | None) -> dict[str, Any]:
+    if tool_request is None:
+        return {"tool_request": None, "checkpoint_leaf_id": None}
+    request, leaf = tool_request
+    return {
+        "tool_request": to_json(request, "tool_request"),
+        "checkpoint_leaf_id": check_optional_id(leaf, "checkpoint_leaf_id"),
+    }
 
 
 class TurnsMixin(StoreBase):
@@ -92,6 +109,72 @@ class TurnsMixin(StoreBase):
         }
         return self._owner_write("commit_turn_slot", q.COMMIT_TURN_SLOT, params, claim)
 
+    def commit_turn(
+        self,
+        claim: Claim,
+        session_id: str,
+        entries: Sequence[NewEntry],
+        expected_leaf: str | None,
+        *,
+        next_turn: tuple[int, str] | None = None,
+        next_journal_key: str | None = None,
+        tool_request: ToolRequest | None = None,
+    ) -> Verdict:
+        """End the current turn in one statement: ``append_transcript`` of ``entries``
+        (none: the leaf stays), ``commit_turn_slot`` at the new leaf, and with
+        ``next_turn`` (its index and id) ``begin_turn_slot`` of it there, and with
+        ``next_journal_key`` its provider started (``update_turn_phase``); with
+        ``tool_request`` (the request and its checkpoint leaf), first the turn's
+        ``update_turn_phase`` to ``tool_request_recorded``.
+
+        DONE: all of it made. NOT_OWNER: a stale attempt, nothing made. WRONG_STATE:
+        nothing made, because one of the writes would not be made as it stands (the
+        append already made, the leaf moved, the slot elsewhere): make them one by one.
+        """
+        check_claim(claim)
+        check_id(session_id, "session_id")
+        check_optional_id(expected_leaf, "expected_leaf")
+        chain = TranscriptMixin.chain_of(entries, expected_leaf) if entries else []
+        leaf = chain[-1]["entry_id"] if chain else expected_leaf
+        if leaf is None:
+            raise InvalidInputError("a turn is committed at a leaf", reason="no-leaf")
+        next_index, next_turn_id = next_turn if next_turn is not None else (None, None)
+        if next_index is not None and (isinstance(next_index, bool) or next_index < 0):
+            raise InvalidInputError(f"turn_index must be a non-negative integer: {next_index!r}")
+        if next_turn is None and next_journal_key is not None:
+            raise InvalidInputError("a journal key starts the next turn's provider")
+        params = {
+            "run_id": claim.run_id,
+            "attempt_id": claim.attempt_id,
+            "session_id": session_id,
+            "expected_leaf": expected_leaf,
+            "leaf_id": leaf,
+            "entries": json.dumps(chain, ensure_ascii=False),
+            "next_index": next_index,
+            "next_turn_id": check_optional_id(next_turn_id, "turn_id"),
+            "next_journal_key": check_optional_id(next_journal_key, "journal_key"),
+            "writes": 1
+            + (next_index is not None)
+            + (next_journal_key is not None)
+            + (tool_request is not None),
+            **_tool_request_params(tool_request),
+        }
+        params["tool_checkpoint"] = params.pop("checkpoint_leaf_id")
+        fields: dict[str, Any] = {"run_id": claim.run_id, "attempt_id": claim.attempt_id}
+        row = self._db.one("commit_turn", q.COMMIT_TURN, params, **fields)
+        assert row is not None  # noqa: S101 - the statement always returns one row
+        if not row["owned"]:
+            return Verdict.NOT_OWNER
+        if not row["done"]:
+            return Verdict.WRONG_STATE
+        if row["inserted"] != row["entries"]:
+            raise StoreError(
+                "the leaf moved but an entry id was taken meanwhile",
+                reason="entry-id-raced",
+                **fields,
+            )
+        return Verdict.DONE
+
     def mark_journal_consumed(self, claim: Claim, journal_key: str) -> Verdict:
         """Record, once, that the turn's journal was read to its end."""
         check_claim(claim)
@@ -108,9 +191,21 @@ class TurnsMixin(StoreBase):
         return None if row is None else TurnSlot.from_row(row)
 
     def append_segment(
-        self, claim: Claim, journal_key: str, byte_start: int, body: bytes
+        self,
+        claim: Claim,
+        journal_key: str,
+        byte_start: int,
+        body: bytes,
+        *,
+        mark_consumed: bool = False,
+        tool_request: ToolRequest | None = None,
     ) -> Verdict:
-        """Store journal bytes once, contiguously, fenced by the attempt.
+        """Store journal bytes once, contiguously, fenced by the attempt. Once they
+        are stored, in the same write: with ``mark_consumed`` (the segment that ends
+        the journal) the journal is marked consumed (``mark_journal_consumed``); with
+        ``tool_request`` (the request and its checkpoint leaf) the turn moves to
+        ``tool_request_recorded`` (``update_turn_phase``). A DONE answers for the
+        segment: that slot write is made, or it would have been refused for its state.
 
         DONE: stored. NOT_OWNER: a stale attempt. WRONG_STATE: this exact segment
         was already stored. SegmentConflictError: a different body at a stored
@@ -130,7 +225,11 @@ class TurnsMixin(StoreBase):
             "byte_start": byte_start,
             "byte_end": byte_start + len(data),
             "body": data,
+            "mark_consumed": bool(mark_consumed),
+            **_tool_request_params(tool_request),
         }
+        if mark_consumed and tool_request is not None:
+            raise InvalidInputError("one slot write rides on a segment, not two")
         fields: dict[str, Any] = {
             "run_id": claim.run_id,
             "attempt_id": claim.attempt_id,

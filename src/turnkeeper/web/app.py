@@ -349,6 +349,10 @@ def _add_dashboard(app: FastAPI) -> None:
         check_id(run_id, "run_id")
         return FileResponse(STATIC_DIR / "run.html", headers=no_store)
 
+    @app.get("/ui/fleet", include_in_schema=False)
+    def fleet_page() -> FileResponse:
+        return FileResponse(STATIC_DIR / "fleet.html", headers=no_store)
+
     @app.get("/ui/sessions/{session_id:path}", include_in_schema=False)
     def session_page(session_id: str) -> FileResponse:
         check_id(session_id, "session_id")

@@ -21,14 +21,16 @@ What the store records is read on every scrape too:
 - ``turnkeeper_max_epoch``: the highest epoch of any unsettled run.
 
 Measured in this process: HTTP request latency per route, the time from
-opening a stream to its first event, open streams, events sent, streams dropped
-for falling behind, and the runs read from Redis (``turnkeeper.web.fanout``).
+opening a stream to its first event, open streams (and, for the fleet page, the
+most open in each of the last minutes), events sent, streams dropped for falling
+behind, and the runs read from Redis (``turnkeeper.web.fanout``).
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -117,6 +119,62 @@ class FleetCollector(Collector):
         )
 
 
+class OpenStreams:
+    """The event streams this process has open, and the most it had open in each
+    minute (of the clock ``now`` reads, seconds), kept for ``keep_minutes``."""
+
+    def __init__(
+        self, gauge: Gauge, *, keep_minutes: int = 1440, now: Callable[[], float] = time.time
+    ) -> None:
+        self._gauge = gauge
+        self._keep = keep_minutes
+        self._now = now
+        self._lock = threading.Lock()
+        self._open = 0
+        self._minutes: dict[int, tuple[int, int]] = {}
+        """minute -> (most open in it, open at its end), for minutes with a change."""
+        self._before = 0
+        """Open at the end of the newest minute forgotten."""
+
+    @property
+    def open(self) -> int:
+        return self._open
+
+    def opened(self) -> None:
+        self._change(+1)
+        self._gauge.inc()
+
+    def closed(self) -> None:
+        self._change(-1)
+        self._gauge.dec()
+
+    def _change(self, by: int) -> None:
+        with self._lock:
+            minute = int(self._now() // 60)
+            peak, _ = self._minutes.get(minute, (self._open, self._open))
+            self._open += by
+            self._minutes[minute] = (max(peak, self._open), self._open)
+            for old in [m for m in self._minutes if m <= minute - self._keep]:
+                self._before = self._minutes.pop(old)[1]
+
+    def peaks(self, minutes: int) -> list[tuple[float, int]]:
+        """The last ``minutes`` minutes, oldest first: (its start, seconds since the
+        epoch; the most streams open in it)."""
+        with self._lock:
+            last = int(self._now() // 60)
+            first = last - minutes + 1
+            carried = self._before
+            for minute in sorted(self._minutes):
+                if minute >= first:
+                    break
+                carried = self._minutes[minute][1]
+            out = []
+            for minute in range(first, last + 1):
+                peak, carried = self._minutes.get(minute, (carried, carried))
+                out.append((minute * 60.0, peak))
+            return out
+
+
 class WebMetrics:
     """The registry of one web app: the store collector plus this process's own series."""
 
@@ -142,6 +200,7 @@ class WebMetrics:
         self.open_streams = Gauge(
             "turnkeeper_sse_open_streams", "SSE streams open now.", registry=self.registry
         )
+        self.streams = OpenStreams(self.open_streams)
         self.events_sent = Counter(
             "turnkeeper_sse_events", "Chunks sent on SSE streams.", registry=self.registry
         )

@@ -30,11 +30,13 @@ from turnkeeper.errors import (
 )
 from turnkeeper.hosts import fleet_view
 from turnkeeper.log.quota import STREAM_RENEW_SECONDS
+from turnkeeper.store.fleet import MAX_MINUTES
 from turnkeeper.store.records import Run, RunStatus, check_id, check_key_name, check_status
 from turnkeeper.store.store import Store
 from turnkeeper.web import sse
 from turnkeeper.web.auth import Principal, authenticate, authorize_stream, require_visible
 from turnkeeper.web.fanout import DRAIN_GRACE_SECONDS, is_chunk_frame
+from turnkeeper.web.fleet import fleet_page
 from turnkeeper.web.views import attempt_views, entry_view, events_path, run_view
 
 if TYPE_CHECKING:
@@ -427,7 +429,7 @@ async def _counted(
             await state.stream_slots.renew(key_name, slot_id)
 
     async def stream() -> AsyncGenerator[Event | dict[str, Any], None]:
-        metrics.open_streams.inc()
+        metrics.streams.opened()
         renewer = None if slot is None else asyncio.create_task(renew_slot(*slot))
         try:
             with contextlib.ExitStack() as watching:
@@ -440,7 +442,7 @@ async def _counted(
                         metrics.events_sent.inc()
                     yield event
         finally:
-            metrics.open_streams.dec()
+            metrics.streams.closed()
             if renewer is not None:
                 renewer.cancel()
             if slot is not None:
@@ -504,6 +506,16 @@ def _add_service_routes(api: APIRouter) -> None:
         principal.require_admin("/fleet/hosts")
         state = _state(request)
         return {"hosts": fleet_view(state.client.store, state.settings)}
+
+    @api.get("/fleet", tags=["service"])
+    def fleet(request: Request, principal: Caller, minutes: str | None = None) -> dict[str, Any]:
+        """What the fleet page shows (an admin key's): workers, their slots and the runs
+        they own with their leases; the queues' depths; runs started and settled, and
+        takeovers, per minute over the last ``minutes`` (60 by default); the takeover
+        latency histogram; open event streams (see turnkeeper.web.fleet)."""
+        principal.require_admin("/fleet")
+        window = parse_count(minutes, "minutes", default=60, most=MAX_MINUTES)
+        return fleet_page(_state(request), window)
 
     @api.get("/openapi.json", tags=["service"], include_in_schema=False)
     def openapi(request: Request, _: Caller) -> JSONResponse:
