@@ -7,6 +7,7 @@ so each test knows the exact chunks; the web app is real (uvicorn, Postgres, Red
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -514,3 +515,70 @@ def test_a_hundred_parked_long_polls_leave_other_reads_answering(
             assert answers == [200] * parked
     finally:
         server.stop()
+
+
+def _strict_sse_events(raw: bytes) -> list[tuple[str, Any]]:
+    """The events of an SSE body, split by the spec's line ends (CRLF, LF, CR) alone:
+    a U+2028 or U+0085 is text, not a line end, to a browser's EventSource."""
+    text = raw.decode("utf-8")
+    events: list[tuple[str, Any]] = []
+    event, data = "message", []
+    for line in re.split(r"\r\n|\r|\n", text):
+        if line == "":
+            if data:
+                events.append((event, json.loads("\n".join(data))))
+            event, data = "message", []
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "event":
+            event = value
+        elif name == "data":
+            data.append(value)
+    return events
+
+
+def test_sse_frames_chunks_holding_line_breaks_as_one_event_each(
+    settings: Settings, durable_web: WebServer, alice: httpx.Client
+) -> None:
+    submit_run(alice, "sse-breaks")
+    hostile = [
+        {"type": "TEXT_MESSAGE_CONTENT", "delta": "a\nevent: control\ndata: {}\n\nb"},
+        {"type": "TEXT_MESSAGE_CONTENT", "delta": "c\rd\r\ne\u2028f\u2029g\u0085h"},
+    ]
+    writer = LogWriter.open(settings, "sse-breaks")
+    writer.append(*hostile)
+    writer.close()
+    response = alice.get(f"{stream_path('sse-breaks')}?offset=-1&live=sse")
+    assert response.status_code == 200
+    assert b"\r" not in response.content
+    assert _strict_sse_events(response.content) == [
+        ("data", hostile),
+        (
+            "control",
+            {"streamNextOffset": "0000000000000002", "streamClosed": True, "upToDate": True},
+        ),
+    ]
+
+
+def test_head_and_get_of_another_tenants_run_answer_as_a_missing_run(
+    settings: Settings, durable_web: WebServer, alice: httpx.Client, api_keys: ApiKeys
+) -> None:
+    submit_run(alice, "alicexx-run")
+    LogWriter.open(settings, "alicexx-run").append(chunk(1))
+    alice_token = alice.get(f"{stream_path('alicexx-run')}?offset=-1")
+    assert alice_token.status_code == 200
+
+    def seen(response: httpx.Response) -> tuple[int, dict[str, str], bytes]:
+        headers = {k: v for k, v in response.headers.items() if k not in ("date", "x-request-id")}
+        body = response.content.replace(b"alicexx-run", b"ID").replace(b"nobodyx-run", b"ID")
+        return response.status_code, headers, body
+
+    with durable_web.http(api_keys.bob) as bob:
+        for method in ("HEAD", "GET"):
+            other = bob.request(method, stream_path("alicexx-run"))
+            missing = bob.request(method, stream_path("nobodyx-run"))
+            assert other.status_code == 404
+            assert seen(other) == seen(missing)
