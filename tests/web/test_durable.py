@@ -582,3 +582,35 @@ def test_head_and_get_of_another_tenants_run_answer_as_a_missing_run(
             missing = bob.request(method, stream_path("nobodyx-run"))
             assert other.status_code == 404
             assert seen(other) == seen(missing)
+
+
+def test_etags_follow_a_growing_then_closing_log_and_its_end_offsets(
+    settings: Settings, durable_web: WebServer, alice: httpx.Client
+) -> None:
+    submit_run(alice, "etag-run")
+    path = stream_path("etag-run")
+    writer = LogWriter.open(settings, "etag-run")
+    writer.append(chunk(1))
+    first = alice.get(f"{path}?offset=-1")
+    assert (first.status_code, first.json()) == (200, [chunk(1)])
+    same = alice.get(f"{path}?offset=-1", headers={"If-None-Match": first.headers["etag"]})
+    assert (same.status_code, same.content) == (304, b"")
+
+    writer.append(chunk(2))  # the log grew: the old tag must not answer 304
+    grown = alice.get(f"{path}?offset=-1", headers={"If-None-Match": first.headers["etag"]})
+    assert (grown.status_code, grown.json()) == (200, [chunk(1), chunk(2)])
+    assert "stream-closed" not in grown.headers
+
+    writer.close()  # closed with no new chunk: the tag changes all the same
+    closed = alice.get(f"{path}?offset=-1", headers={"If-None-Match": grown.headers["etag"]})
+    assert (closed.status_code, closed.json()) == (200, [chunk(1), chunk(2)])
+    assert closed.headers["stream-closed"] == "true"
+
+    for offset in (format_offset(2), "now"):  # the tail of a closed log: EOF, no data
+        at_tail = alice.get(f"{path}?offset={offset}")
+        assert (at_tail.status_code, at_tail.json()) == (200, [])
+        assert _stream_headers(at_tail) == {
+            "stream-next-offset": "0000000000000002",
+            "stream-up-to-date": "true",
+            "stream-closed": "true",
+        }
