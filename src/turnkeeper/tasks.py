@@ -37,6 +37,7 @@ takeover then waits behind.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -44,8 +45,15 @@ from functools import partial
 from typing import Any
 
 import structlog
-from celery import Celery
-from celery.signals import worker_process_init, worker_process_shutdown
+from celery import Celery, concurrency
+from celery.concurrency.prefork import TaskPool as PreforkPool
+from celery.concurrency.solo import TaskPool as SoloPool
+from celery.signals import (
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_shutdown,
+)
 from kombu import Queue
 from kombu.exceptions import OperationalError as KombuOperationalError
 
@@ -56,7 +64,7 @@ from turnkeeper.hosts import route_takeover, run_host
 from turnkeeper.secret import make_undumpable
 from turnkeeper.store.database import tallied
 from turnkeeper.store.store import Store
-from turnkeeper.workers.beacon import main_process_pid
+from turnkeeper.workers.beacon import is_worker_command, main_process_pid
 from turnkeeper.workers.runtime import close_runtimes, runtime_for
 
 log = structlog.get_logger(__name__)
@@ -230,13 +238,18 @@ def _register_tasks(app: Celery, settings: Settings, *, announce: bool) -> None:
     def prune() -> None:
         reconciler.prune(runtime_for(settings))
 
-    def open_after_fork(**_: Any) -> None:
+    _open_runtimes_in_task_processes(app, settings, announce=announce)
+
+
+def _open_runtimes_in_task_processes(app: Celery, settings: Settings, *, announce: bool) -> None:
+    """Open the runtime (and start the host beacon) in whichever process runs tasks."""
+
+    def open_runtime(*, main_pid: int | None) -> None:
         make_undumpable()  # inherited from the parent already; said again for any pool kind
-        # Connections belong to the child, opened after the fork; its beacon says its
-        # host is alive, and carries drain orders for the worker it is in.
+        # Connections belong to the process that runs the tasks, opened there; its
+        # beacon says its host is alive, and carries drain orders for its worker.
         runtime = runtime_for(settings)
-        main_pid = main_process_pid() if announce else None
-        if main_pid is None:
+        if main_pid is None or not announce:
             return
         if not serves_host_queue(app, settings):
             # A takeover routed to this host waits for a worker of its queue: one that
@@ -246,11 +259,32 @@ def _register_tasks(app: Celery, settings: Settings, *, announce: bool) -> None:
             return
         runtime.announce(main_pid=main_pid)
 
+    def open_after_fork(**_: Any) -> None:
+        """In a pool process of the prefork pool (and in the solo pool's own process)."""
+        open_runtime(main_pid=main_process_pid())
+
+    def open_in_worker(sender: Any = None, **_: Any) -> None:
+        """In the worker process itself, when its pool runs tasks there (threads,
+        gevent, eventlet): no pool process starts, so ``worker_process_init`` never
+        comes, and without this the process would never announce its host."""
+        if sender is None or runs_tasks_in_pool_processes(sender.pool_cls):
+            return
+        open_runtime(main_pid=os.getpid() if is_worker_command(os.getpid()) else None)
+
     # Signals are process-wide: one handler per distinct settings, however many apps.
-    worker_process_init.connect(
-        open_after_fork, weak=False, dispatch_uid=f"turnkeeper-open-{hash(settings)}-{announce}"
-    )
+    uid = f"{hash(settings)}-{announce}"
+    worker_process_init.connect(open_after_fork, weak=False, dispatch_uid=f"turnkeeper-open-{uid}")
+    worker_init.connect(open_in_worker, weak=False, dispatch_uid=f"turnkeeper-open-main-{uid}")
     worker_process_shutdown.connect(close_on_shutdown, weak=False, dispatch_uid="turnkeeper-close")
+    worker_shutdown.connect(close_in_worker, weak=False, dispatch_uid="turnkeeper-close-main")
+
+
+def runs_tasks_in_pool_processes(pool_cls: Any) -> bool:
+    """Whether a Celery pool (a class, or its name as ``-P`` gives it) runs its tasks in
+    processes of its own (prefork), each sent ``worker_process_init``; the solo pool
+    sends it to the worker process itself, so it counts here too."""
+    implementation = concurrency.get_implementation(pool_cls)
+    return issubclass(implementation, PreforkPool | SoloPool)
 
 
 def _empty_dead_host_queue(app: Celery, settings: Settings, host: str) -> None:
@@ -313,6 +347,13 @@ def serves_host_queue(app: Celery, settings: Settings) -> bool:
 
 def close_on_shutdown(**_: Any) -> None:
     close_runtimes()
+
+
+def close_in_worker(sender: Any = None, **_: Any) -> None:
+    """Close the worker process's own runtime once its pool stopped (its turns ended),
+    when that pool ran the tasks there (threads): no ``worker_process_shutdown`` comes."""
+    if sender is not None and not runs_tasks_in_pool_processes(sender.pool_cls):
+        close_runtimes()
 
 
 def enqueue_run(

@@ -95,10 +95,13 @@ class Fleet:
         return proc
 
     def start_worker(
-        self, concurrency: int = 1, *, queues: str | None = None
+        self, concurrency: int = 1, *, queues: str | None = None, pool: str | None = None
     ) -> subprocess.Popen[bytes]:
-        """A worker; ``queues``: Celery's ``-Q`` instead of ours (turns and host)."""
+        """A worker; ``queues``: Celery's ``-Q`` instead of ours (turns and host);
+        ``pool``: Celery's ``-P`` (``threads``: many turns in one process) instead of
+        the worker's default."""
         chosen = ["-Q", queues] if queues is not None else []
+        chosen += ["-P", pool] if pool is not None else []
         return self._start("worker", "worker", "-c", str(concurrency), *chosen, *CELERY_QUIET)
 
     def wait_ready(self, timeout: float = 120.0) -> None:
@@ -352,6 +355,18 @@ def chunks_while_held(
     translator = translator_for(spec.format, run_id)
     first = _output_lines(spec, prompt, workdir)[:lines]
     return 1 + sum(len(translator.feed(line)) for line in first)
+
+
+def log_of_output(run_id: str, session_id: str, output_format: str, out: bytes) -> list[Chunk]:
+    """The log of a crash-free run whose agent printed ``out``, translated and wrapped
+    in the run's first and last chunk (``expected_log`` without running the agent)."""
+    translator = translator_for(output_format, run_id)
+    chunks: list[Chunk] = [lifecycle.run_started(run_id, session_id)]
+    for line in out.splitlines(keepends=True):
+        chunks.extend(translator.feed(line))
+    chunks.extend(translator.finish())
+    chunks.append(lifecycle.run_finished(run_id, session_id))
+    return chunks
 
 
 def follow_up_prompt(prompt: str, earlier: list[tuple[str, list[Chunk]]]) -> str:

@@ -267,14 +267,17 @@ def test_each_host_reaps_its_own_sandboxes_whoever_runs_beat(make_host: MakeHost
     assert not destroyed_by(b) & {path.name for path in on_a}
 
 
+@pytest.mark.parametrize("pool", [None, "threads"])
 def test_a_drained_host_hands_its_live_runs_over_and_loses_nothing(
-    make_host: MakeHost, tmp_path: Path
+    make_host: MakeHost, tmp_path: Path, pool: str | None
 ) -> None:
     """``turnkeeper worker --drain`` on host A while two runs are live: the worker stops
     taking runs, hands both over when their time is up, and exits; the worker that
-    replaces it on A adopts them. Every log is its oracle, each agent ran once."""
+    replaces it on A adopts them. Every log is its oracle, each agent ran once. With
+    the threads pool, both runs live in the worker process itself, which announces its
+    host and takes its drain orders as a prefork pool process does."""
     a, b = make_host("host-a"), make_host("host-b")
-    drained = a.start_worker(concurrency=2)
+    drained = a.start_worker(concurrency=2, pool=pool)
     a.wait_ready()
     b.start_beat()
     b.wait_ready()
@@ -290,7 +293,7 @@ def test_a_drained_host_hands_its_live_runs_over_and_loses_nothing(
     assert "draining 1 worker(s) on host host-a" in drain.stdout
     assert "host host-a drained" in drain.stdout
     assert drained.poll() is not None, "the drained worker exited"
-    a.start_worker(concurrency=2)  # the redeploy
+    a.start_worker(concurrency=2, pool=pool)  # the redeploy
 
     view = json.loads(a.run_cli("hosts", "--json").stdout)
     assert [host["host_id"] for host in view] == ["host-a"]
@@ -308,7 +311,11 @@ def test_a_drained_host_hands_its_live_runs_over_and_loses_nothing(
             (1, "superseded"),
             (2, "completed"),
         ]
-        assert owner_pid(attempts[0][2]) != drained.pid
+        if pool == "threads":  # the turns ran in the worker process itself
+            assert owner_pid(attempts[0][2]) == drained.pid
+            assert owner_pid(attempts[1][2]) == a.procs[-1].pid
+        else:  # in its pool processes
+            assert owner_pid(attempts[0][2]) != drained.pid
         assert {_host_of(owner) for _, _, owner in attempts} == {"host-a"}
         _assert_oracle(a, done, agent, PROMPT, tmp_path / f"oracle-{run.run_id}")
         _assert_one_agent_process(a, done)

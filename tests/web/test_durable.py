@@ -7,6 +7,7 @@ so each test knows the exact chunks; the web app is real (uvicorn, Postgres, Red
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -443,3 +444,173 @@ def test_revoking_the_key_ends_its_sse_reads_and_refuses_the_reconnect(
             _wait_for_slots(settings, "carol", 0, fewest=False)
     finally:
         server.stop()
+
+
+def test_a_long_poll_parked_across_a_revocation_answers_401_not_the_new_chunks(
+    settings: Settings, api_keys: ApiKeys
+) -> None:
+    """Chunks stored after the key was revoked never reach its parked long-poll."""
+    with Store(settings.require_database_url(), pool_size=1) as store:
+        dave = store.create_key("dave")
+    # A wait far past the hang guard below: only a chunk or the revocation can end it.
+    server = WebServer.start_app(create_app(settings, long_poll_seconds=600.0))
+    try:
+        with server.http(dave) as client:
+            submit_run(client, "revoked-poll")
+            writer = LogWriter.open(settings, "revoked-poll")
+            url = f"{stream_path('revoked-poll')}?offset=-1&live=long-poll"
+            answers: list[httpx.Response] = []
+            poller = threading.Thread(target=lambda: answers.append(client.get(url)))
+            poller.start()
+            _wait_for_slots(settings, "dave", 1)  # parked
+            with Store(settings.require_database_url(), pool_size=1) as store:
+                store.revoke_key("dave")
+            writer.append(chunk(1))  # stored after the revocation: not dave's any more
+            poller.join(120)
+            assert not poller.is_alive(), "the revoked key's long-poll went on"
+            assert [answer.status_code for answer in answers] == [401]
+            assert b"seeded" not in answers[0].content
+            _wait_for_slots(settings, "dave", 0, fewest=False)
+    finally:
+        server.stop()
+
+
+def test_a_hundred_parked_long_polls_leave_other_reads_answering(
+    settings: Settings, api_keys: ApiKeys
+) -> None:
+    """More parked long-polls than the web's Redis command pool holds do not wedge HEAD
+    or a catch-up read of another run (each parked XREAD gives its connection back)."""
+    roomy = settings.model_copy(update={"max_streams_per_key": 200})
+    server = WebServer.start_app(create_app(roomy, long_poll_seconds=600.0))
+    parked = 100
+    try:
+        limits = httpx.Limits(max_connections=parked + 10)
+        with (
+            server.http(api_keys.alice) as alice,
+            httpx.Client(
+                base_url=alice.base_url, headers=alice.headers, limits=limits, timeout=300
+            ) as pollers_http,
+        ):
+            submit_run(alice, "parked")
+            submit_run(alice, "bystander")
+            parked_writer = LogWriter.open(roomy, "parked")
+            bystander = LogWriter.open(roomy, "bystander")
+            bystander.append(chunk(1))
+            url = f"{stream_path('parked')}?offset=-1&live=long-poll"
+            answers: list[int] = []
+            pollers = [
+                threading.Thread(target=lambda: answers.append(pollers_http.get(url).status_code))
+                for _ in range(parked)
+            ]
+            for poller in pollers:
+                poller.start()
+            _wait_for_slots(roomy, "alice", parked)
+            head = alice.head(stream_path("bystander"))
+            read = alice.get(f"{stream_path('bystander')}?offset=-1")
+            assert (head.status_code, head.headers["stream-next-offset"]) == (200, format_offset(1))
+            assert (read.status_code, read.json()) == (200, [chunk(1)])
+            parked_writer.append(chunk(1))
+            for poller in pollers:
+                poller.join(120)
+            assert answers == [200] * parked
+    finally:
+        server.stop()
+
+
+def _strict_sse_events(raw: bytes) -> list[tuple[str, Any]]:
+    """The events of an SSE body, split by the spec's line ends (CRLF, LF, CR) alone:
+    a U+2028 or U+0085 is text, not a line end, to a browser's EventSource."""
+    text = raw.decode("utf-8")
+    events: list[tuple[str, Any]] = []
+    event, data = "message", []
+    for line in re.split(r"\r\n|\r|\n", text):
+        if line == "":
+            if data:
+                events.append((event, json.loads("\n".join(data))))
+            event, data = "message", []
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "event":
+            event = value
+        elif name == "data":
+            data.append(value)
+    return events
+
+
+def test_sse_frames_chunks_holding_line_breaks_as_one_event_each(
+    settings: Settings, durable_web: WebServer, alice: httpx.Client
+) -> None:
+    submit_run(alice, "sse-breaks")
+    hostile = [
+        {"type": "TEXT_MESSAGE_CONTENT", "delta": "a\nevent: control\ndata: {}\n\nb"},
+        {"type": "TEXT_MESSAGE_CONTENT", "delta": "c\rd\r\ne\u2028f\u2029g\u0085h"},
+    ]
+    writer = LogWriter.open(settings, "sse-breaks")
+    writer.append(*hostile)
+    writer.close()
+    response = alice.get(f"{stream_path('sse-breaks')}?offset=-1&live=sse")
+    assert response.status_code == 200
+    assert b"\r" not in response.content
+    assert _strict_sse_events(response.content) == [
+        ("data", hostile),
+        (
+            "control",
+            {"streamNextOffset": "0000000000000002", "streamClosed": True, "upToDate": True},
+        ),
+    ]
+
+
+def test_head_and_get_of_another_tenants_run_answer_as_a_missing_run(
+    settings: Settings, durable_web: WebServer, alice: httpx.Client, api_keys: ApiKeys
+) -> None:
+    submit_run(alice, "alicexx-run")
+    LogWriter.open(settings, "alicexx-run").append(chunk(1))
+    alice_token = alice.get(f"{stream_path('alicexx-run')}?offset=-1")
+    assert alice_token.status_code == 200
+
+    def seen(response: httpx.Response) -> tuple[int, dict[str, str], bytes]:
+        headers = {k: v for k, v in response.headers.items() if k not in ("date", "x-request-id")}
+        body = response.content.replace(b"alicexx-run", b"ID").replace(b"nobodyx-run", b"ID")
+        return response.status_code, headers, body
+
+    with durable_web.http(api_keys.bob) as bob:
+        for method in ("HEAD", "GET"):
+            other = bob.request(method, stream_path("alicexx-run"))
+            missing = bob.request(method, stream_path("nobodyx-run"))
+            assert other.status_code == 404
+            assert seen(other) == seen(missing)
+
+
+def test_etags_follow_a_growing_then_closing_log_and_its_end_offsets(
+    settings: Settings, durable_web: WebServer, alice: httpx.Client
+) -> None:
+    submit_run(alice, "etag-run")
+    path = stream_path("etag-run")
+    writer = LogWriter.open(settings, "etag-run")
+    writer.append(chunk(1))
+    first = alice.get(f"{path}?offset=-1")
+    assert (first.status_code, first.json()) == (200, [chunk(1)])
+    same = alice.get(f"{path}?offset=-1", headers={"If-None-Match": first.headers["etag"]})
+    assert (same.status_code, same.content) == (304, b"")
+
+    writer.append(chunk(2))  # the log grew: the old tag must not answer 304
+    grown = alice.get(f"{path}?offset=-1", headers={"If-None-Match": first.headers["etag"]})
+    assert (grown.status_code, grown.json()) == (200, [chunk(1), chunk(2)])
+    assert "stream-closed" not in grown.headers
+
+    writer.close()  # closed with no new chunk: the tag changes all the same
+    closed = alice.get(f"{path}?offset=-1", headers={"If-None-Match": grown.headers["etag"]})
+    assert (closed.status_code, closed.json()) == (200, [chunk(1), chunk(2)])
+    assert closed.headers["stream-closed"] == "true"
+
+    for offset in (format_offset(2), "now"):  # the tail of a closed log: EOF, no data
+        at_tail = alice.get(f"{path}?offset={offset}")
+        assert (at_tail.status_code, at_tail.json()) == (200, [])
+        assert _stream_headers(at_tail) == {
+            "stream-next-offset": "0000000000000002",
+            "stream-up-to-date": "true",
+            "stream-closed": "true",
+        }

@@ -455,3 +455,117 @@ def test_web_shutdown_closes_every_stream_cleanly(
                 assert events[-1][1] == "end"
     finally:
         again.stop()
+
+
+def test_a_chunk_bigger_than_a_whole_buffer_reaches_a_subscriber_that_keeps_up(
+    settings: Settings, small_web: WebServer, writer: RunLog
+) -> None:
+    """A single chunk larger than ``max_bytes`` is no sign of a slow client: a subscriber
+    whose buffer is empty takes it (before the fan-out such a chunk streamed as any other);
+    dropping it would cut every live stream of the run at that chunk, each time."""
+    (run_id,) = queued_runs(settings, "huge", 1)
+    huge = SMALL.max_bytes + (64 << 10)
+
+    async def scenario() -> list[Received]:
+        async with async_http(small_web, 3) as http:
+            seen: list[int] = [0, 0]
+
+            def counter(index: int) -> Callable[[int], None]:
+                return lambda count: seen.__setitem__(index, count)
+
+            readers = [
+                asyncio.create_task(read_events(http, url_of(run_id), seen=counter(i)))
+                for i in range(2)
+            ]
+            await until(lambda: parked_feeds(settings) == 1, "the run's feed to park")
+            await asyncio.to_thread(write, writer, run_id, 1, 2)
+            await until(lambda: seen == [2, 2], "both streams at chunk 2")
+            await asyncio.to_thread(writer.append, run_id, 1, 3, [chunk(run_id, 3, huge)])
+            await asyncio.to_thread(write, writer, run_id, 4, 5)
+            await asyncio.to_thread(writer.close, run_id, 1)
+            return await asyncio.wait_for(asyncio.gather(*readers), HANG_GUARD)
+
+    expected = [*numbered(run_id, 1, 2), (3, chunk(run_id, 3, huge)), *numbered(run_id, 4, 5)]
+    for received in asyncio.run(scenario()):
+        assert received == (expected, ("end", {"last_seq": 5}))
+
+
+def test_a_killed_feed_connection_neither_loses_nor_doubles_a_chunk_nor_parks_forever(
+    settings: Settings, bare_web: WebServer, api_keys: ApiKeys, writer: RunLog
+) -> None:
+    """CLIENT KILL of the run's feed connection (found by its name in CLIENT LIST) while
+    two streams are parked on it: each goes on with no gap and no double, or ends with the
+    ``log-error`` of a lost Redis; a subscriber that comes after gets the whole log."""
+    (run_id,) = queued_runs(settings, "killed", 1)
+
+    async def scenario() -> tuple[list[Received], Received]:
+        async with async_http(bare_web, 3) as http:
+            seen: list[int] = [0, 0]
+            readers = [
+                asyncio.create_task(
+                    read_events(http, url_of(run_id), seen=lambda n, i=i: seen.__setitem__(i, n))
+                )
+                for i in range(2)
+            ]
+            await until(lambda: parked_feeds(settings) == 1, "the run's feed to park")
+            await asyncio.to_thread(write, writer, run_id, 1, 2)
+            await until(lambda: seen == [2, 2], "both streams at chunk 2")
+            (feed,) = feed_connections(settings)
+            killer = redis.Redis.from_url(settings.require_redis_url())
+            try:
+                killer.client_kill_filter(_id=feed["id"])
+            finally:
+                killer.close()
+            await asyncio.to_thread(write, writer, run_id, 3, 4)
+            await asyncio.to_thread(writer.close, run_id, 1)
+            first = await asyncio.wait_for(asyncio.gather(*readers), HANG_GUARD)
+            late = await asyncio.wait_for(read_events(http, url_of(run_id)), HANG_GUARD)
+            return first, late
+
+    first, late = asyncio.run(scenario())
+    for chunks, last in first:
+        if last is not None and last[0] == "log-error":
+            assert chunks == numbered(run_id, 1, len(chunks))
+            assert last[1]["status"] == 503
+        else:
+            assert (chunks, last) == (numbered(run_id, 1, 4), ("end", {"last_seq": 4}))
+    assert late == (numbered(run_id, 1, 4), ("end", {"last_seq": 4}))
+    assert metric(bare_web, api_keys.admin, "turnkeeper_sse_feeds") == 0
+
+
+def test_subscribers_that_hang_up_mid_stream_leave_no_feed_behind(
+    settings: Settings, bare_web: WebServer, api_keys: ApiKeys, writer: RunLog
+) -> None:
+    """Three clients close their sockets mid-stream: the run's feed stops with the last
+    of them and its parked read lets go of Redis; a client after them starts a new feed
+    and gets the whole log."""
+    (run_id,) = queued_runs(settings, "hangup", 1)
+
+    def gauge(name: str) -> float:
+        return metric(bare_web, api_keys.admin, name)
+
+    async def scenario() -> Received:
+        async with async_http(bare_web, 4) as http:
+            seen: list[int] = [0, 0, 0]
+            readers = [
+                asyncio.create_task(
+                    read_events(http, url_of(run_id), seen=lambda n, i=i: seen.__setitem__(i, n))
+                )
+                for i in range(3)
+            ]
+            await until(lambda: parked_feeds(settings) == 1, "the run's feed to park")
+            await asyncio.to_thread(write, writer, run_id, 1, 3)
+            await until(lambda: seen == [3, 3, 3], "the streams at chunk 3")
+            for reader in readers:
+                reader.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+            await until(lambda: gauge("turnkeeper_sse_open_streams") == 0, "no open stream")
+            await until(lambda: gauge("turnkeeper_sse_feeds") == 0, "no feed")
+            await until(lambda: parked_feeds(settings) == 0, "no parked read in Redis")
+            late = asyncio.create_task(read_events(http, url_of(run_id)))
+            await until(lambda: parked_feeds(settings) == 1, "a new feed to park")
+            await asyncio.to_thread(write, writer, run_id, 4, 5)
+            await asyncio.to_thread(writer.close, run_id, 1)
+            return await asyncio.wait_for(late, HANG_GUARD)
+
+    assert asyncio.run(scenario()) == (numbered(run_id, 1, 5), ("end", {"last_seq": 5}))

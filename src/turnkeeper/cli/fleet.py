@@ -27,6 +27,7 @@ from turnkeeper.store.store import Store
 from turnkeeper.tasks import control_queue, create_app, enqueuers, host_queue, turns_queue
 from turnkeeper.watcher import start_watcher
 from turnkeeper.workers.beacon import is_worker_command
+from turnkeeper.workers.limits import raise_open_files_limit
 from turnkeeper.workers.runtime import WorkerRuntime, runtime_for
 
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -70,6 +71,7 @@ def worker(ctx: typer.Context, drain: Drain = False, hand_over_after: HandOverAf
     with services(settings, start=False) as resolved:
         ServerSecret.require(resolved, "to start a worker")
         make_undumpable()
+        raise_open_files_limit()  # every live turn holds descriptors (workers/limits.py)
         try:
             check_provider(resolved)
         except TurnkeeperError as exc:

@@ -31,7 +31,7 @@ from turnkeeper.chunks import Chunk
 from turnkeeper.driver import lifecycle
 from turnkeeper.driver.conversation import FollowUp
 from turnkeeper.driver.feed import JournalFeed
-from turnkeeper.driver.output import LEASE_RENEWALS, RunOutput, end_log
+from turnkeeper.driver.output import RunOutput, end_log
 from turnkeeper.driver.ownership import Ownership
 from turnkeeper.driver.placement import PlacedJournal, Placement, Placer, process_index
 from turnkeeper.driver.record import TurnRecorder
@@ -119,13 +119,7 @@ def _own(runtime: WorkerRuntime, claim: Claim, *, begun: BegunRun | None = None)
     otherwise."""
     settings = runtime.settings
     bound = log.bind(run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
-    keeper = LeaseKeeper(
-        runtime.store,
-        claim,
-        lease_ttl=settings.lease_ttl,
-        interval=settings.heartbeat_interval,
-        on_renewed=lambda: runtime.log.count(LEASE_RENEWALS),
-    ).start()
+    keeper = runtime.lease_keeper(claim).start()
     ownership = Ownership(runtime.store, claim, keeper.lost, settings.lease_ttl)
     # While this process lives and drives the run, it holds the run's owner lock: its
     # death hands the run over at once (docs/architecture.md, "Crash detection").

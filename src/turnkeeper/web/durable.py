@@ -37,9 +37,11 @@ import orjson
 import structlog
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from turnkeeper.chunks import Chunk
 from turnkeeper.errors import (
+    AuthenticationError,
     InvalidInputError,
     LogError,
     LogOffsetError,
@@ -334,12 +336,14 @@ def durable_router(
                 seconds=sse_seconds,
             )
         if mode == "long-poll":
-            async with StreamSlot(state, _charged(run, principal)):
+            charged = _charged(run, principal)
+            async with StreamSlot(state, charged):
                 return await _long_poll(
                     state,
                     run_id,
                     after,
                     log_state=log_state,
+                    charged=charged,
                     client_cursor=cursor,
                     seconds=long_poll_seconds,
                 )
@@ -387,14 +391,28 @@ async def _long_poll(
     after: int,
     *,
     log_state: LogState,
+    charged: str | None,
     client_cursor: str | None,
     seconds: float,
 ) -> Response:
     """What is stored after ``after`` at once; else the next chunks within ``seconds``;
-    else 204. A closed log at its tail is 204 at once, with ``Stream-Closed``."""
+    else 204. A closed log at its tail is 204 at once, with ``Stream-Closed``.
+
+    A wait the key ``charged`` is revoked during ends in 401: what was stored after
+    the revocation is no longer that key's to read."""
     request_page = await read_page(state.run_log, run_id, after, log_state)
     if not request_page.chunks and not request_page.closed:
-        await wait_for_chunk(state.run_log, run_id, after, seconds)
+        with _revocation(state, charged) as revoked:
+            await _wait_or_revoked(state.run_log, run_id, after, seconds, revoked)
+        # Checked in Postgres, not by the watch alone: it may not have seen it yet.
+        if charged is not None and not await run_in_threadpool(
+            state.client.store.key_is_live, charged
+        ):
+            raise AuthenticationError(
+                "the key this long-poll counts against was revoked while it waited",
+                run_id=run_id,
+                reason="revoked-key",
+            )
         request_page = await read_page(
             state.run_log, run_id, after, await state.run_log.state(run_id)
         )

@@ -124,7 +124,9 @@ class Subscription:
         if seq <= self.cursor or self._ending is not None:
             return
         limits = self._fanout.limits
-        if (
+        # An empty buffer takes any frame: a chunk bigger than ``max_bytes`` is no sign
+        # of a slow client (dropping on it would cut every stream of the run, each time).
+        if self._buffer and (
             len(self._buffer) >= limits.max_frames
             or self._buffered_bytes + len(frame) > limits.max_bytes
         ):

@@ -17,6 +17,7 @@ import structlog
 
 from turnkeeper.agents.spec import AgentSpec
 from turnkeeper.config import Settings
+from turnkeeper.driver.output import LEASE_RENEWALS
 from turnkeeper.driver.replay import StoredLog
 from turnkeeper.envelope import EnvSealer
 from turnkeeper.errors import AgentError, SandboxError
@@ -25,12 +26,19 @@ from turnkeeper.owner import new_owner
 from turnkeeper.sandbox.factory import at_least_as_strong, provider_for
 from turnkeeper.sandbox.provider import SandboxProvider
 from turnkeeper.secret import ServerSecret
+from turnkeeper.store.records import Claim
 from turnkeeper.store.session import OwnerLockSession, store_session_name
 from turnkeeper.store.store import Store
 from turnkeeper.workers.beacon import HostBeacon
+from turnkeeper.workers.lease import LeaseKeeper
 from turnkeeper.workers.owner_locks import OwnerLocks
 
 log = structlog.get_logger(__name__)
+
+
+HEARTBEAT_POOL_SIZE = 4
+"""Connections of a process's heartbeat store: a beat is two short statements every
+``heartbeat_interval`` per turn (200 turns at the default 10 s: 40 a second)."""
 
 
 @dataclass
@@ -39,6 +47,12 @@ class WorkerRuntime:
     store: Store
     log: RunLog
     owner: str
+    heartbeat_store: Store
+    """The store of the lease heartbeats and the host beacon, with a small pool of its
+    own: in a process holding many turns (the threads pool), a crowd of turns starting
+    at once may hold every connection of ``store``, and a renewal waiting behind them
+    until its lease ran out would hand a live run over (docs/architecture.md, "Many
+    turns in one worker process")."""
     _providers: dict[str, SandboxProvider] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _sealer: EnvSealer | None = None
@@ -51,7 +65,7 @@ class WorkerRuntime:
         with self._lock:
             if self._beacon is None:
                 self._beacon = HostBeacon(
-                    self.store,
+                    self.heartbeat_store,
                     self.settings,
                     self.owner,
                     main_pid=main_pid,
@@ -63,7 +77,13 @@ class WorkerRuntime:
     @classmethod
     def open(cls, settings: Settings) -> WorkerRuntime:
         owner = new_owner(settings.host_id)
-        store = Store(settings.require_database_url(), application_name=store_session_name(owner))
+        # Both pools name their sessions alike: the crash watcher reads any of them as
+        # a sign that the process lives (``LIVE_OWNERS``).
+        name = store_session_name(owner)
+        store = Store(settings.require_database_url(), application_name=name)
+        heartbeat_store = Store(
+            settings.require_database_url(), pool_size=HEARTBEAT_POOL_SIZE, application_name=name
+        )
         run_log = RunLog.from_url(
             settings.require_redis_url(),
             namespace=settings.namespace,
@@ -72,7 +92,23 @@ class WorkerRuntime:
             source=StoredLog(store),
         )
         log.info("worker.runtime.opened", owner=owner)
-        return cls(settings=settings, store=store, log=run_log, owner=owner)
+        return cls(
+            settings=settings,
+            store=store,
+            log=run_log,
+            owner=owner,
+            heartbeat_store=heartbeat_store,
+        )
+
+    def lease_keeper(self, claim: Claim) -> LeaseKeeper:
+        """The heartbeat of ``claim``'s attempt (not started), on the heartbeat store."""
+        return LeaseKeeper(
+            self.heartbeat_store,
+            claim,
+            lease_ttl=self.settings.lease_ttl,
+            interval=self.settings.heartbeat_interval,
+            on_renewed=lambda: self.log.count(LEASE_RENEWALS),
+        )
 
     def provider_to_run(self, name: str | None) -> SandboxProvider:
         """The configured provider, or the one a run names if it is at least as strong:
@@ -139,6 +175,7 @@ class WorkerRuntime:
         if self._owner_locks is not None:
             self._owner_locks.close()
         self.store.close()
+        self.heartbeat_store.close()
         self.log.client.close()
 
 
