@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -84,7 +85,7 @@ def test_keys_list_cuts_nothing_on_80_columns(
         if not line.startswith("│"):
             continue
         row = [cell.strip() for cell in line.strip("│").split("│")]
-        if row[3].startswith("20"):  # a key's first line: its creation date starts
+        if re.match(r"\d{4}-\d\d-\d\d", row[3]):  # a key's first line: its creation date
             keys.append(row)
         else:  # a folded cell goes on: spaces where it was folded are left out below
             keys[-1] = [a + b for a, b in zip(keys[-1], row, strict=True)]

@@ -39,7 +39,19 @@ def _expired_run(rt: WorkerRuntime, run_id: str, *, max_attempts: int = 5) -> No
     time.sleep(0.1)
 
 
-def test_ten_reconcilers_racing_hand_a_run_over_once(runtime: WorkerRuntime) -> None:
+def test_ten_reconcilers_racing_hand_a_run_over_once(settings: Settings) -> None:
+    # requeue_after far above the race: a pass that starts late must not find the
+    # message already stale and send it again (that is redispatch, tested below).
+    runtime = WorkerRuntime.open(
+        settings.model_copy(update={"lease_ttl": 5.0, "requeue_after": 60.0})
+    )
+    try:
+        _race_hands_over_once(runtime)
+    finally:
+        runtime.close()
+
+
+def _race_hands_over_once(runtime: WorkerRuntime) -> None:
     _expired_run(runtime, "race-1")
     takeovers: list[tuple[str, str, int]] = []
     barrier = threading.Barrier(10)

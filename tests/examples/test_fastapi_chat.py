@@ -13,8 +13,8 @@ import pytest
 from examples.fastapi_chat.app import create_app, session_of
 
 from tests.driver.fleet import Fleet
+from tests.web.browser import ARGS, CHROMIUM
 from tests.web.conftest import ApiKeys, WebServer
-from tests.web.test_dashboard import ARGS, CHROMIUM
 
 pytestmark = pytest.mark.skipif(
     shutil.which(CHROMIUM) is None, reason="Debian chromium is not installed (scripts/system-deps)"
