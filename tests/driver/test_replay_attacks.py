@@ -14,12 +14,20 @@ import json
 import signal
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.driver.fleet import Fleet, expected_log
+from tests.driver.fleet import (
+    Fleet,
+    chunks_while_held,
+    expected_log,
+    held_agent,
+    release_held,
+    wait_held,
+)
 from tests.driver.test_log_loss import lose_logs
 from tests.driver.test_log_outage import LogRedis, _fleet, log_redis  # noqa: F401 - fixture
 from tests.driver.test_takeover import (
@@ -34,6 +42,7 @@ from turnkeeper.store.records import RunStatus
 
 # Long enough that a successor's replay takes a while: 20 tool turns, about 700 chunks.
 LONG: dict[str, Any] = {"preset": "scripted", "turns": 20, "pace": 0.005, "seed": 5}
+HELD_LINES = 60
 
 
 class Follower:
@@ -92,11 +101,18 @@ def test_the_logs_redis_restarted_while_a_successor_replays(
     fleet = _fleet(settings, log_redis, tmp_path)
     try:
         fleet.start_pair()
-        run = fleet.client.submit(LONG, PROMPT)
-        fleet.wait_chunks(run.run_id, 300)
+        # The agent holds itself after HELD_LINES lines, so the owner is killed mid-run
+        # however slow the machine; it goes on once the owner is dead.
+        token = uuid.uuid4().hex
+        run = fleet.client.submit(held_agent(LONG, token, HELD_LINES), PROMPT)
+        wait_held(token)
+        held = chunks_while_held(run.run_id, LONG, PROMPT, HELD_LINES, tmp_path / "held")
+        fleet.wait_chunks(run.run_id, held)
         follower = Follower(fleet, run.run_id).start()
         owned = fleet.client.require(run.run_id)
+        assert not owned.status.is_terminal
         fleet.signal_worker_of(owned, signal.SIGKILL)
+        release_held(token)
         fleet.wait(run.run_id, lambda r: r.epoch == 2, what="a handover")
         log_redis.outage(0.5, comes_back_empty=comes_back_empty)  # under the replay
         done = fleet.wait_settled(run.run_id, timeout=180)
