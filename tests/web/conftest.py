@@ -4,8 +4,10 @@ and API keys in the test's database."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -63,16 +65,22 @@ def api_keys(settings: Settings) -> ApiKeys:
     return ApiKeys.create(settings)
 
 
-@pytest.fixture
-def fleet(settings: Settings, tmp_path: Path) -> Iterator[Fleet]:
+@contextmanager
+def running_fleet(settings: Settings, tmp_path: Path, **overrides: Any) -> Iterator[Fleet]:
     """One worker (2 processes) and beat, lease 2 s, on this test's servers."""
-    fleet = Fleet.create(settings, tmp_path / "logs")
+    fleet = Fleet.create(settings, tmp_path / "logs", **overrides)
     try:
         fleet.start_worker(concurrency=2)
         fleet.start_beat()
         yield fleet
     finally:
         fleet.stop()
+
+
+@pytest.fixture
+def fleet(settings: Settings, tmp_path: Path) -> Iterator[Fleet]:
+    with running_fleet(settings, tmp_path) as started:
+        yield started
 
 
 @pytest.fixture

@@ -16,9 +16,8 @@ import psutil
 import pytest
 
 from tests.driver.fleet import Fleet
-from tests.web.conftest import ApiKeys, WebServer
+from tests.web.conftest import ApiKeys, WebServer, running_fleet
 from turnkeeper.config import Settings
-from turnkeeper.web import create_app
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
@@ -36,32 +35,18 @@ sync_api = pytest.importorskip("playwright.sync_api")
 
 
 @pytest.fixture
-def quick_fleet(settings: Settings, tmp_path: Path) -> Iterator[Fleet]:
-    """One worker (2 processes) and beat; a host is dead 3 s after its last beat."""
-    fleet = Fleet.create(settings, tmp_path / "logs", host_dead_after=HOST_DEAD_AFTER)
-    try:
-        fleet.start_worker(concurrency=2)
-        fleet.start_beat()
-        yield fleet
-    finally:
-        fleet.stop()
+def fleet(settings: Settings, tmp_path: Path) -> Iterator[Fleet]:
+    """The web tests' fleet, its host dead 3 s after its last beat."""
+    with running_fleet(settings, tmp_path, host_dead_after=HOST_DEAD_AFTER) as started:
+        yield started
 
 
 @pytest.fixture
-def fleet_web(quick_fleet: Fleet, api_keys: ApiKeys) -> Iterator[WebServer]:
-    server = WebServer.start_app(create_app(quick_fleet.settings, ping_seconds=0.5))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def page(fleet_web: WebServer) -> Iterator[Any]:
+def page(web: WebServer) -> Iterator[Any]:
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
-            page = browser.new_context(base_url=fleet_web.base_url).new_page()
+            page = browser.new_context(base_url=web.base_url).new_page()
             page.set_default_timeout(90_000)  # a hang guard only
             yield page
         finally:
@@ -92,11 +77,10 @@ def _wait_workers(page: Any, where: str, pids: list[int]) -> None:
 
 
 def test_the_fleet_page_shows_a_worker_start_own_a_run_and_go_when_killed(
-    quick_fleet: Fleet, fleet_web: WebServer, api_keys: ApiKeys, page: Any
+    fleet: Fleet, web: WebServer, api_keys: ApiKeys, page: Any
 ) -> None:
-    fleet = quick_fleet
     first = fleet.procs[0]
-    with fleet_web.http(api_keys.alice) as alice:
+    with web.http(api_keys.alice) as alice:
         body = {"agent": SLOW, "prompt": "fix the typo in the readme", "run_id": "fleet 1"}
         assert alice.post("/runs", json=body).status_code == 201
     run = fleet.wait("fleet 1", lambda r: r.owner is not None and r.status.value == "running")
@@ -155,7 +139,7 @@ def test_the_fleet_page_shows_a_worker_start_own_a_run_and_go_when_killed(
 
 
 def test_a_tenant_key_is_told_the_fleet_page_needs_an_admin_key(
-    fleet_web: WebServer, api_keys: ApiKeys, page: Any
+    web: WebServer, api_keys: ApiKeys, page: Any
 ) -> None:
     _sign_in(page, api_keys.alice)
     page.wait_for_selector("#fleet-error:not([hidden])")
