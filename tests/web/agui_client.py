@@ -9,24 +9,21 @@ client loads; a lock file serialises installers, so xdist workers install once.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.integration.npm_cache import INSTALL_TIMEOUT, NpmInstallError, cache_root
+from tests.integration.npm_cache import NpmInstallError
+from tests.web.npm_packages import COMPLETE, install_once
 
 PROJECT = Path(__file__).parent / "agui_node"
 SCRIPT = PROJECT / "run_agent.cjs"
-COMPLETE = "turnkeeper-install.json"
 RUN_TIMEOUT = 300  # a hang guard for a whole conversation, not an expectation
 
 
@@ -77,35 +74,19 @@ def install_agui_client() -> AguiClient:
     """The cached install of ``agui_node/package-lock.json``, installing it when missing."""
     lock = (PROJECT / "package-lock.json").read_bytes()
     key = f"agui-client-{hashlib.sha256(lock).hexdigest()[:16]}"
-    root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / key
-    with _locked(root / f"{key}.lock"):
-        if (target / COMPLETE).exists():
-            return AguiClient(target / "node_modules")
-        scratch = root / f".{key}.{uuid.uuid4().hex[:8]}"
-        try:
-            scratch.mkdir()
-            for name in ("package.json", "package-lock.json"):
-                shutil.copy(PROJECT / name, scratch / name)
-            done = subprocess.run(
-                ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-                cwd=scratch,
-                capture_output=True,
-                text=True,
-                timeout=INSTALL_TIMEOUT,
-                stdin=subprocess.DEVNULL,
-                check=False,
-            )
-            if done.returncode != 0:
-                raise NpmInstallError(f"npm ci of {PROJECT} failed:\n{done.stderr[-4000:]}")
-            _check_loads(scratch / "node_modules")
-            (scratch / COMPLETE).write_text(json.dumps({"lock": key}))
-            if target.exists():
-                shutil.rmtree(target)
-            scratch.rename(target)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+
+    def fill(scratch: Path) -> None:
+        for name in ("package.json", "package-lock.json"):
+            shutil.copy(PROJECT / name, scratch / name)
+
+    target = install_once(
+        key,
+        fill,
+        ["ci"],
+        record={"lock": key},
+        complete=lambda target: (target / COMPLETE).exists(),
+        check=lambda scratch: _check_loads(scratch / "node_modules"),
+    )
     return AguiClient(target / "node_modules")
 
 
@@ -121,13 +102,3 @@ def _check_loads(modules: Path) -> None:
     )
     if done.returncode != 0 or not done.stdout:
         raise NpmInstallError(f"@ag-ui/client does not load after the install:\n{done.stderr}")
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

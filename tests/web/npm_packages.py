@@ -16,7 +16,9 @@ import os
 import shutil
 import subprocess
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tests.integration.npm_cache import INSTALL_TIMEOUT, NpmInstallError, _locked, cache_root
 
@@ -28,22 +30,48 @@ SCRIPTS = Path(__file__).parent / "node"
 
 def install_packages(pinned: dict[str, str]) -> Path:
     """The prefix of a cached install of exactly ``pinned`` (package -> version)."""
-    root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
     key = "_".join(
         f"{name.strip('@').replace('/', '-')}-{version}" for name, version in sorted(pinned.items())
     )
+    specs = [f"{name}@{version}" for name, version in sorted(pinned.items())]
+
+    def fill(scratch: Path) -> None:
+        (scratch / "package.json").write_text(json.dumps({"private": True, "type": "module"}))
+
+    return install_once(
+        key,
+        fill,
+        ["install", *specs],
+        record=pinned,
+        complete=lambda target: _complete(target, pinned),
+    )
+
+
+def install_once(
+    key: str,
+    fill: Callable[[Path], None],
+    npm_args: list[str],
+    *,
+    record: Any,
+    complete: Callable[[Path], bool],
+    check: Callable[[Path], None] = lambda _: None,
+) -> Path:
+    """The cached install named ``key``, made when ``complete`` says it is missing:
+    ``fill`` writes the scratch directory's package files, ``npm npm_args`` installs,
+    ``check`` may refuse the result; then ``record`` is written as the completion mark
+    and the scratch directory renamed into place, all under the key's lock."""
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
     target = root / key
     with _locked(root / f"{key}.lock"):
-        if _complete(target, pinned):
+        if complete(target):
             return target
         scratch = root / f".{key}.{uuid.uuid4().hex[:8]}"
         try:
             scratch.mkdir(parents=True)
-            (scratch / "package.json").write_text(json.dumps({"private": True, "type": "module"}))
-            specs = [f"{name}@{version}" for name, version in sorted(pinned.items())]
+            fill(scratch)
             done = subprocess.run(
-                ["npm", "install", "--no-audit", "--no-fund", "--loglevel=error", *specs],
+                ["npm", *npm_args, "--no-audit", "--no-fund", "--loglevel=error"],
                 cwd=scratch,
                 capture_output=True,
                 text=True,
@@ -52,14 +80,15 @@ def install_packages(pinned: dict[str, str]) -> Path:
                 check=False,
             )
             if done.returncode != 0:
-                raise NpmInstallError(f"npm install {' '.join(specs)} failed:\n{done.stderr}")
-            (scratch / COMPLETE).write_text(json.dumps(pinned))
+                raise NpmInstallError(f"npm {' '.join(npm_args)} failed:\n{done.stderr[-4000:]}")
+            check(scratch)
+            (scratch / COMPLETE).write_text(json.dumps(record))
             if target.exists():
                 shutil.rmtree(target)
             scratch.rename(target)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-    if not _complete(target, pinned):
+    if not complete(target):
         raise NpmInstallError(f"install at {target} vanished after it completed")
     return target
 
