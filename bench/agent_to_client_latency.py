@@ -124,28 +124,34 @@ async def ours(  # noqa: PLR0917 - one call site
     return samples, (measured["rss"] - before) / n, measured["connections"]
 
 
+async def read_plain_stream(
+    redis_url: str, key: str, ready: asyncio.Event, samples: list[float]
+) -> None:
+    """The plain path's client: XREAD BLOCK on its own connection until the end entry,
+    a latency sample per entry."""
+    conn = redis.asyncio.Redis.from_url(redis_url, socket_timeout=None, socket_connect_timeout=120)
+    last = "0-0"
+    try:
+        await conn.ping()
+        ready.set()
+        while True:
+            reply = await conn.xread({key: last}, block=5000, count=100)
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    last = entry_id
+                    if b"end" in fields:
+                        return
+                    samples.append(latency_ms(fields[b"c"].decode()))
+    finally:
+        await conn.aclose()
+
+
 async def plain(redis_url: str, lines: int, n: int) -> list[float]:
     key = f"plain-e2e-{uuid.uuid4().hex[:8]}"
     samples: list[float] = []
 
     async def reader(ready: asyncio.Event) -> None:
-        conn = redis.asyncio.Redis.from_url(
-            redis_url, socket_timeout=None, socket_connect_timeout=120
-        )
-        last = "0-0"
-        try:
-            await conn.ping()
-            ready.set()
-            while True:
-                reply = await conn.xread({key: last}, block=5000, count=100)
-                for _, entries in reply or []:
-                    for entry_id, fields in entries:
-                        last = entry_id
-                        if b"end" in fields:
-                            return
-                        samples.append(latency_ms(fields[b"c"].decode()))
-        finally:
-            await conn.aclose()
+        await read_plain_stream(redis_url, key, ready, samples)
 
     def produce() -> None:
         sync = redis.Redis.from_url(redis_url)
@@ -289,23 +295,7 @@ async def fleet_plain(redis_url: str, runs: int, lines: int, gap: float) -> list
         writers_sync[writer].xadd(key, {"c": str(time.time_ns())})
 
     async def reader(key: str, ready: asyncio.Event) -> None:
-        conn = redis.asyncio.Redis.from_url(
-            redis_url, socket_timeout=None, socket_connect_timeout=120
-        )
-        last = "0-0"
-        try:
-            await conn.ping()
-            ready.set()
-            while True:
-                reply = await conn.xread({key: last}, block=5000, count=100)
-                for _, entries in reply or []:
-                    for entry_id, fields in entries:
-                        last = entry_id
-                        if b"end" in fields:
-                            return
-                        samples.append(latency_ms(fields[b"c"].decode()))
-        finally:
-            await conn.aclose()
+        await read_plain_stream(redis_url, key, ready, samples)
 
     readies = [asyncio.Event() for _ in keys]
     readers = [asyncio.create_task(reader(k, e)) for k, e in zip(keys, readies, strict=True)]

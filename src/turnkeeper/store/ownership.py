@@ -13,11 +13,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
+import sqlalchemy as sa
 import structlog
 
 from turnkeeper.errors import InvalidInputError, StoreError
 from turnkeeper.store import queries as q
-from turnkeeper.store.database import StoreBase
+from turnkeeper.store.database import Row, StoreBase
 from turnkeeper.store.records import (
     BegunRun,
     Claim,
@@ -43,24 +44,30 @@ def _new_attempt_id() -> str:
 class OwnershipMixin(StoreBase):
     """Who owns a run, and how its ownership ends."""
 
-    def claim_run(self, run_id: str, owner: str, lease_ttl: float) -> Claim | None:
-        """Queued -> running under a new attempt, if this run is its session's head."""
+    def _claim(
+        self, name: str, sql: sa.TextClause, run_id: str, owner: str, lease_ttl: float
+    ) -> Row | None:
+        """Run a claiming statement under a new attempt id: its row, or None when the
+        run is not claimable (or its session already runs one: the one-running-run-per-
+        session index is a safety net, and hitting it is a refusal)."""
         check_id(run_id, "run_id")
         check_id(owner, "owner")
-        ttl = check_seconds(lease_ttl, "lease_ttl")
         params = {
             "run_id": run_id,
             "owner": owner,
-            "lease_ttl": ttl,
+            "lease_ttl": check_seconds(lease_ttl, "lease_ttl"),
             "attempt_id": _new_attempt_id(),
         }
         try:
-            row = self._db.one("claim_run", q.CLAIM_RUN, params, run_id=run_id)
+            return self._db.one(name, sql, params, run_id=run_id)
         except StoreError as exc:
-            # The one-running-run-per-session index is a safety net; hitting it is a refusal.
             if isinstance(exc.__cause__, psycopg.IntegrityError):
                 return None
             raise
+
+    def claim_run(self, run_id: str, owner: str, lease_ttl: float) -> Claim | None:
+        """Queued -> running under a new attempt, if this run is its session's head."""
+        row = self._claim("claim_run", q.CLAIM_RUN, run_id, owner, lease_ttl)
         if row is None:
             return None
         claim = Claim.from_row(row)
@@ -71,21 +78,7 @@ class OwnershipMixin(StoreBase):
         """``claim_run``, and in the same statement the run as claimed, and (unless it
         branches) its input appended under the session's leaf and turn 0 begun: the
         first writes of a fresh run, all under the attempt this statement makes."""
-        check_id(run_id, "run_id")
-        check_id(owner, "owner")
-        params = {
-            "run_id": run_id,
-            "owner": owner,
-            "lease_ttl": check_seconds(lease_ttl, "lease_ttl"),
-            "attempt_id": _new_attempt_id(),
-        }
-        try:
-            row = self._db.one("claim_and_begin", q.CLAIM_AND_BEGIN, params, run_id=run_id)
-        except StoreError as exc:
-            # The one-running-run-per-session index is a safety net; hitting it is a refusal.
-            if isinstance(exc.__cause__, psycopg.IntegrityError):
-                return None
-            raise
+        row = self._claim("claim_and_begin", q.CLAIM_AND_BEGIN, run_id, owner, lease_ttl)
         if row is None:
             return None
         begun = BegunRun.from_row(row)
