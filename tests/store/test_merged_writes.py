@@ -376,3 +376,21 @@ def test_a_stale_attempts_tool_request_changes_nothing(store: Store) -> None:
     )
     assert _slot(store, "r1") == slot
     assert [s.body for s in store.segments("k0")] == [b"a\n"]
+
+
+# --- the takeover's log position -------------------------------------------------------
+
+
+def test_a_superseded_takeover_records_no_log_position(store: Store) -> None:
+    """A zombie takeover (stopped between its log fence and its position write, then
+    superseded) must not mark a position the successor's chunks already passed."""
+    begun = _begun(store, "r1", "s1")
+    zombie = _takeover(store, begun.claim)
+    heir = _takeover(store, zombie)
+    store.record_attempt_log_seq(heir, 7)
+    store.record_attempt_log_seq(zombie, 12)
+    assert [(a.attempt_id, a.epoch, a.outcome, a.log_seq) for a in store.attempts("r1")] == [
+        (begun.claim.attempt_id, begun.claim.epoch, "superseded", None),
+        (zombie.attempt_id, zombie.epoch, "superseded", None),
+        (heir.attempt_id, heir.epoch, None, 7),
+    ]

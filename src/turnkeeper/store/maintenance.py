@@ -110,7 +110,8 @@ class MaintenanceMixin(StoreBase):
 
     def record_attempt_log_seq(self, claim: Claim, log_seq: int) -> None:
         """Remember where a takeover's attempt began in the run log (its first seq),
-        once: the run page marks the takeover there."""
+        once, while the attempt owns the run (a superseded one records nothing): the
+        run page marks the takeover there."""
         check_claim(claim)
         if isinstance(log_seq, bool) or not isinstance(log_seq, int) or log_seq < 1:
             raise InvalidInputError(f"log_seq must be a positive integer, got {log_seq!r}")

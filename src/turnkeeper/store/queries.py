@@ -1002,9 +1002,14 @@ ORDER BY a.epoch, a.started_at
 """)
 
 # Where a takeover's attempt began in the run log, recorded once, by the attempt.
+# Fenced like every owner write: a superseded attempt (a zombie stopped between its log
+# fence and this write) would mark a position its successor's chunks already passed.
 RECORD_ATTEMPT_LOG_SEQ = text("""
 UPDATE attempts SET log_seq = :log_seq
 WHERE run_id = :run_id AND attempt_id = :attempt_id AND log_seq IS NULL
+  AND EXISTS (SELECT 1 FROM runs
+              WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
+              FOR SHARE)
 """)
 
 EXPIRED_RUNS = _sql("""
