@@ -144,7 +144,7 @@ def _own(runtime: WorkerRuntime, claim: Claim, *, begun: BegunRun | None = None)
             bound.info("takeover.superseded", stored_epoch=stored_epoch)
             return
         if begun is None:
-            _record_log_position(runtime, claim, run_log.next_seq(claim.run_id))
+            _record_log_position(runtime, claim, lambda: run_log.next_seq(claim.run_id))
         Attempt(runtime, claim, run, keeper, ownership, begun=begun).drive()
     except OwnershipLostError as exc:
         # Expected when a successor took over: stop writing, leave the sandbox to it.
@@ -168,12 +168,13 @@ def _own(runtime: WorkerRuntime, claim: Claim, *, begun: BegunRun | None = None)
             owner_locks.release(claim)
 
 
-def _record_log_position(runtime: WorkerRuntime, claim: Claim, log_seq: int) -> None:
+def _record_log_position(runtime: WorkerRuntime, claim: Claim, next_seq: Callable[[], int]) -> None:
     """Where this takeover begins in the run log, for the run page's takeover mark: the
     log is fenced at this epoch and nothing of it is appended yet, so every chunk from
-    ``log_seq`` on is this attempt's. Best effort: a lost write loses only the mark."""
+    ``next_seq()`` on is this attempt's. Best effort, the log's read included: a lost
+    read or write loses only the mark, never the attempt."""
     try:
-        runtime.store.record_attempt_log_seq(claim, log_seq)
+        runtime.store.record_attempt_log_seq(claim, next_seq())
     except TurnkeeperError as exc:
         log.warning("takeover.log_position_lost", run_id=claim.run_id, error=str(exc))
 
