@@ -170,6 +170,12 @@ class Worker:
         return self.ready
 
 
+def last_line(log: Path) -> str:
+    """What a worker that exited by itself said last (its one-line refusal)."""
+    lines = log.read_bytes().decode("utf-8", "replace").strip().splitlines()
+    return lines[-1][:300] if lines else "(nothing)"
+
+
 def start_worker(fleet: BenchFleet) -> Worker:
     proc = fleet.start("worker", "-c", str(WORKER_CONCURRENCY), *CELERY_QUIET)
     return Worker(proc, fleet.log_files[proc.pid])
@@ -285,6 +291,7 @@ class Tally:
     events: Counter[str] = field(default_factory=Counter)
     submitted: list[Submitted] = field(default_factory=list)
     timeline: list[dict[str, Any]] = field(default_factory=list)
+    exit_reasons: Counter[str] = field(default_factory=Counter)  # a self-exit's last line
 
 
 class Soak:
@@ -345,8 +352,10 @@ class Soak:
         unreachable) is started again."""
         for index, worker in enumerate(self.workers):
             if worker.proc.poll() is not None:
+                said = last_line(worker.log)
                 self.note("worker-exited", pid=worker.proc.pid, code=worker.proc.returncode)
                 self.tally.events["worker-exited-by-itself"] += 1
+                self.tally.exit_reasons[said] += 1
                 self.workers[index] = start_worker(fleet)
 
     def kill_worker(self, fleet: BenchFleet) -> bool:
@@ -699,6 +708,7 @@ class Soak:
             "ssh": self.ssh_enabled,
             "max_attempts": self.args.max_attempts,
             "events": events,
+            "worker_exit_reasons": dict(self.tally.exit_reasons.most_common()),
             "kill_and_zombie_events": events.get("worker-sigkill", 0)
             + events.get("worker-sigstop", 0),
             "runs_submitted": len(self.tally.submitted),
@@ -780,6 +790,10 @@ def summary(report: dict[str, Any]) -> str:
         "events survived:",
         *(f"  {kind:42} {count}" for kind, count in report["events"].items()),
         f"  {'kill and zombie events (SIGKILL + SIGSTOP)':42} {report['kill_and_zombie_events']}",
+        *(
+            f"  worker exited, saying: {said} ({n}x)"
+            for said, n in report["worker_exit_reasons"].items()
+        ),
         f"runs submitted     {report['runs_submitted']} {report['runs_by_provider']}",
         f"runs completed     {report['runs_completed']}",
         f"runs failed        {report['runs_failed']}",

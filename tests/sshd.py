@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from dataclasses import replace
@@ -54,20 +53,27 @@ class Sshd:
         self.authorized_keys.write_bytes(self.user_key.with_suffix(".pub").read_bytes())
         self.authorized_keys.chmod(0o644 if shared_dir is not None else 0o600)
         self.known_hosts = base / "known_hosts"
-        public = self.host_key.with_suffix(".pub").read_text().split()
-        self.known_hosts.write_text(f"[{LOOPBACK}]:{self.port} {public[0]} {public[1]}\n")
         self.config = base / "sshd_config"
-        self.config.write_text(
-            f"Port {self.port}\nListenAddress {LOOPBACK}\nHostKey {self.host_key}\n"
-            f"PidFile {base}/sshd.pid\nAuthorizedKeysFile {self.authorized_keys}\n"
-            "StrictModes no\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n"
-            "KbdInteractiveAuthentication no\nUsePAM no\n"
-            f"MaxSessions {max_sessions}\nMaxStartups {max_sessions}\n"
-        )
+        self.max_sessions = max_sessions
+        self._listen_on(self.port)
         self.root = base / "remote"
         self.root.mkdir()
         self.log = base / "sshd.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.served = False  # once it listened, its port is the one its clients know
+
+    def _listen_on(self, port: int) -> None:
+        """Its config and known_hosts for ``port``."""
+        self.port = port
+        public = self.host_key.with_suffix(".pub").read_text().split()
+        self.known_hosts.write_text(f"[{LOOPBACK}]:{port} {public[0]} {public[1]}\n")
+        self.config.write_text(
+            f"Port {port}\nListenAddress {LOOPBACK}\nHostKey {self.host_key}\n"
+            f"PidFile {self.base}/sshd.pid\nAuthorizedKeysFile {self.authorized_keys}\n"
+            "StrictModes no\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\nUsePAM no\n"
+            f"MaxSessions {self.max_sessions}\nMaxStartups {self.max_sessions}\n"
+        )
 
     def target(self, **fields: Any) -> SshTarget:
         """The SshTarget of its root account, with ``fields`` replaced."""
@@ -93,23 +99,54 @@ class Sshd:
         }
 
     def start(self) -> None:
-        """Start it (again, after a cut: the same port and keys) and wait until it listens."""
+        """Start it (again, after a cut: the same port and keys) and wait until it listens.
+
+        Its port was free when chosen, but another process may bind it before sshd does
+        (parallel tests choose ports too), and a connect would then reach that process:
+        only this sshd's own listening socket counts. Before it ever served, a taken port
+        is given up for another; after, its clients know the port, so it waits for it."""
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation directory
+        for _ in range(200):  # hang guard: a port taken for good
+            proc = self._launch()
+            if self._listens(proc):
+                self.proc, self.served = proc, True
+                return
+            said = self.log.read_text(errors="replace")
+            if "Address already in use" not in said and "Cannot bind" not in said:
+                raise ServiceError(f"sshd exited with {proc.returncode}: {said}")
+            self.log.write_bytes(b"")
+            if self.served:
+                time.sleep(0.1)
+            else:
+                self._listen_on(free_port())
+        raise ServiceError(f"sshd never listened on {LOOPBACK}:{self.port}: it is taken")
+
+    def _launch(self) -> subprocess.Popen[bytes]:
         with self.log.open("ab") as log:
-            proc = subprocess.Popen(
+            return subprocess.Popen(
                 [SSHD, "-D", "-e", "-f", str(self.config)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=log,
             )
-        self.proc = proc
+
+    def _listens(self, proc: subprocess.Popen[bytes]) -> bool:
+        """True once ``proc`` itself listens on the port; False once it exited."""
         for _ in range(400):  # hang guard while sshd binds its port
-            with socket.socket() as sock:
-                if sock.connect_ex((LOOPBACK, self.port)) == 0:
-                    return
             if proc.poll() is not None:
-                raise ServiceError(f"sshd exited with {proc.returncode}: {self.log.read_text()}")
+                return False
+            try:
+                sockets = psutil.Process(proc.pid).net_connections(kind="tcp")
+            except psutil.Error:
+                sockets = []
+            if any(
+                c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.port
+                for c in sockets
+            ):
+                return True
             time.sleep(0.05)
+        proc.kill()
+        proc.wait(timeout=30)
         raise ServiceError(f"sshd never listened on {LOOPBACK}:{self.port}")
 
     def cut(self, *, with_commands: bool = False) -> int:

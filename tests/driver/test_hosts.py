@@ -326,6 +326,7 @@ def test_a_drained_host_hands_its_live_runs_over_and_loses_nothing(
 
 
 CHAOS_RUNS = 6
+CHAOS_LEASE = 6.0
 MAX_HITS = Settings.model_fields["max_attempts"].default - 2
 
 
@@ -336,7 +337,12 @@ def test_chaos_on_three_hosts(make_host: MakeHost, tmp_path: Path) -> None:
     host a moment later, until every run settles: every log is its oracle, every
     agent ran once, and every attempt of a run ran on the host of its sandbox."""
     rng = random.Random(20261202)
-    hosts = {name: make_host(name) for name in ("host-a", "host-b", "host-c")}
+    # The kills are found by each host's crash watcher at once; the lease only has to
+    # outlast a loaded machine's starved heartbeat, or a lease lost to load would spend
+    # the attempts the kills are allowed (MAX_HITS).
+    hosts = {
+        name: make_host(name, lease_ttl=CHAOS_LEASE) for name in ("host-a", "host-b", "host-c")
+    }
     workers: dict[str, list[subprocess.Popen[bytes]]] = {
         name: [fleet.start_worker(concurrency=2)] for name, fleet in hosts.items()
     }

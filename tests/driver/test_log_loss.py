@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from tests.driver.fleet import Fleet
-from tests.driver.test_sandbox_loss import _destroy_sandbox
+from tests.driver.test_sandbox_loss import _lose_owner_and_sandbox
 from tests.driver.test_takeover import (
     AGENT,
     PROMPT,
@@ -125,8 +125,7 @@ def test_a_sentinel_stored_with_the_sandbox_gone_finishes_from_the_segments(
             time.sleep(0.05)
         owned = fleet.client.require(run.run_id)
         nonce = _nonce_of(Placement.of(owned))
-        fleet.signal_worker_of(owned, signal.SIGKILL)
-        _destroy_sandbox(owned)
+        _lose_owner_and_sandbox(fleet, owned)
         lose_logs(fleet)  # and Redis lost the log too: rebuilt from the same segments
         done = fleet.wait_settled(run.run_id)
         assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())

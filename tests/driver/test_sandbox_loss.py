@@ -85,6 +85,15 @@ def _destroy_sandbox(run: Run) -> None:
     shutil.rmtree(root)
 
 
+def _lose_owner_and_sandbox(fleet: Fleet, run: Run) -> None:
+    """The host's death: the owner and the sandbox go together. The owner is frozen
+    first, so that it cannot see its sandbox go, and its takeover cannot begin (and find
+    the sandbox still there) before the sandbox is gone."""
+    fleet.signal_worker_of(run, signal.SIGSTOP)
+    _destroy_sandbox(run)
+    fleet.signal_worker_of(run, signal.SIGKILL)
+
+
 def _wait_for_chunks(fleet: Fleet, run_id: str, count: int) -> Run:
     while len(fleet.log_of(run_id)) < count:
         time.sleep(0.02)
@@ -123,8 +132,9 @@ def test_a_continuable_agent_goes_on_after_its_sandbox_is_lost(
     run = fleet.client.submit(AGENT, PROMPT)
     owned = _wait_for_chunks(fleet, run.run_id, 10)
     if worker_dies_too:
-        fleet.signal_worker_of(owned, signal.SIGKILL)
-    _destroy_sandbox(owned)
+        _lose_owner_and_sandbox(fleet, owned)
+    else:
+        _destroy_sandbox(owned)
     done = fleet.wait_settled(run.run_id)
     assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
     assert done.epoch == (2 if worker_dies_too else 1)
@@ -145,8 +155,7 @@ def test_an_agent_that_cannot_continue_fails_with_the_reason(fleet: Fleet, tmp_p
     fleet.start_pair()
     run = fleet.client.submit(TEXT_AGENT, "")
     owned = _wait_for_chunks(fleet, run.run_id, 5)
-    fleet.signal_worker_of(owned, signal.SIGKILL)
-    _destroy_sandbox(owned)
+    _lose_owner_and_sandbox(fleet, owned)
     done = fleet.wait_settled(run.run_id)
     assert done.status is RunStatus.FAILED
     assert done.error["reason"] == "sandbox-lost"  # type: ignore[index]

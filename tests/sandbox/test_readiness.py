@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,3 +81,26 @@ def test_the_worker_refuses_to_start_with_one_line(settings: Settings, tmp_path:
         "error: bubblewrap is not installed: install it (Debian: apt-get install bubblewrap) "
         "or set TURNKEEPER_SANDBOX_PROVIDER=local, which is no security boundary"
     )
+
+
+def test_workers_starting_together_each_pass_their_own_check(settings: Settings) -> None:
+    """Workers of one host start at once (a fleet's restart, a deploy): each check has
+    a sandbox of its own, so none destroys another's trial agent under it."""
+    starters = 4
+    together = threading.Barrier(starters)
+    failures: list[str] = []
+
+    def start() -> None:
+        together.wait()
+        try:
+            check_provider(settings)
+        except ConfigError as exc:
+            failures.append(exc.message)
+
+    threads = [threading.Thread(target=start) for _ in range(starters)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert list(settings.sandboxes_dir.iterdir()) == []
