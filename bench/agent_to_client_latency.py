@@ -12,9 +12,11 @@ Then the fleet's usual shape, each user watching their own run: 200 runs, and
 hold that many live turns (a turn holds a whole prefork process), so these runs'
 lines are appended to the fenced log as their owners would (``RunLog.append``,
 one line per run every ``--fleet-gap`` seconds, stamped with time.time_ns()), by a
-few writer threads, once every client has a first, untimed chunk (as the plain
-readers are connected before their writers start); plain is the same writers
-XADDing to plain streams, one client per stream on XREAD BLOCK. For each case:
+few writer threads in a process of their own, once every client has a first,
+untimed chunk (as the plain readers are connected before their writers start);
+plain is the same writers XADDing to plain streams, one client per stream on XREAD
+BLOCK. Our clients are lean SSE readers on asyncio streams, as light as the plain
+path's redis-py readers, in this process with them. For each case:
 p50 and p99 of both paths, the web process's RSS per open stream (RSS with the
 streams open minus RSS before, per stream), and its Redis connections (CLIENT
 LIST by the names it gives them: parked feed reads, and short commands). The load
@@ -28,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
+import multiprocessing.process
 import os
 import secrets
 import signal
@@ -55,10 +59,11 @@ from turnkeeper.secret import STREAM_TOKENS, ServerSecret
 from turnkeeper.store.store import Store
 from turnkeeper.web.app import web_client_names
 from turnkeeper.web.serve import free_port
-from turnkeeper.web.sse import parse_stream
 from turnkeeper.web.tokens import StreamTokens
 
 GAP = 0.02
+# This venv's interpreter by a path the jail can show (``../.venv`` would not be one).
+INTERPRETER = str(Path(sys.executable).parent.resolve() / Path(sys.executable).name)
 WRITERS = 4
 
 
@@ -70,7 +75,7 @@ def agent_argv(lines: int) -> list[str]:
         "    print(time.time_ns(), flush=True)\n"
         f"    time.sleep({GAP})\n"
     )
-    return [sys.executable, "-c", script]
+    return [INTERPRETER, "-c", script]
 
 
 def latency_ms(value: str) -> float:
@@ -78,25 +83,39 @@ def latency_ms(value: str) -> float:
 
 
 async def sse_client(
-    http: httpx.AsyncClient, url: str, out: list[float], opened: Callable[[], None] | None = None
+    base_url: str, path: str, out: list[float], opened: Callable[[], None] | None = None
 ) -> None:
-    async with http.stream("GET", url) as response:
-        assert response.status_code == 200, response.status_code
-        buffer: list[str] = []
-        async for line in response.aiter_lines():
-            buffer.append(line)
-            if line != "":
-                continue
-            for _, event, data in parse_stream(buffer):
-                if event != "message":
+    """A lean SSE reader on asyncio streams (HTTP/1.1, chunked), as light on the
+    client's side as the plain path's XREAD reader: the figures are the server's."""
+    host, _, port = base_url.removeprefix("http://").partition(":")
+    reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 22)
+    try:
+        writer.write(
+            f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n\r\n".encode()
+        )
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head.split(b"\r\n")[0]
+        assert b"transfer-encoding: chunked" in head.lower(), head
+        pending = b""
+        while True:
+            size = int((await reader.readuntil(b"\r\n"))[:-2], 16)
+            if size == 0:
+                return
+            pending += (await reader.readexactly(size + 2))[:-2]
+            *events, pending = pending.split(b"\r\n\r\n")
+            for event in events:
+                if event.startswith(b":"):  # a ping
+                    continue
+                if not event.startswith(b"id: "):  # the end (or an error) event
                     return
                 if opened is not None:  # its first event: the stream is open and fed
                     opened()
                     opened = None
-                chunk = orjson.loads(data)
+                chunk = orjson.loads(event.partition(b"\r\ndata: ")[2])
                 if chunk.get("type") == "TEXT_MESSAGE_CONTENT":
                     out.append(latency_ms(chunk["delta"]))
-            buffer = []
+    finally:
+        writer.close()
 
 
 async def ours(  # noqa: PLR0917 - one call site
@@ -111,16 +130,18 @@ async def ours(  # noqa: PLR0917 - one call site
     measured: dict[str, Any] = {}
 
     async def measure() -> None:
+        ticks = 0
         while len(samples) < n:  # about one line each: every stream is open and fed
             await asyncio.sleep(0.01)
+            ticks += 1
+            if ticks % 100 == 0:  # a run that failed never feeds them: say why
+                now = await asyncio.to_thread(client.require, run.run_id)
+                if now.status.is_terminal:
+                    raise SystemExit(f"the run ended {now.status.value}: {now.error}")
         measured["rss"] = rss_kb(web_pid)
         measured["connections"] = await asyncio.to_thread(web_connections, client.settings)
 
-    limits = httpx.Limits(max_connections=n + 10, max_keepalive_connections=0)
-    async with httpx.AsyncClient(
-        base_url=base_url, timeout=httpx.Timeout(120.0, read=None), limits=limits
-    ) as http:
-        await asyncio.gather(measure(), *(sse_client(http, url, samples) for _ in range(n)))
+    await asyncio.gather(measure(), *(sse_client(base_url, url, samples) for _ in range(n)))
     return samples, (measured["rss"] - before) / n, measured["connections"]
 
 
@@ -193,13 +214,40 @@ def web_connections(settings: Settings) -> tuple[int, int]:
     return listed.count(names.feeds), listed.count(names.commands)
 
 
-def paced_writers(
-    append: Callable[[int, str, int], None], keys: list[str], lines: int, gap: float
-) -> list[threading.Thread]:
+def start_writers(  # noqa: PLR0917 - two call sites, the same shape
+    path: str, redis_url: str, namespace: str, keys: list[str], lines: int, gap: float
+) -> multiprocessing.process.BaseProcess:
+    """The writers of a fleet case, in a process of their own (as a fleet's workers
+    are), apart from the clients that time them: ``path`` "plain" XADDs, "ours"
+    appends to the fenced log (``RunLog.append``, the run's first chunk already in)."""
+    process = multiprocessing.get_context("spawn").Process(
+        target=write_paced, args=(path, redis_url, namespace, keys, lines, gap)
+    )
+    process.start()
+    return process
+
+
+def write_paced(  # noqa: PLR0917 - a process target
+    path: str, redis_url: str, namespace: str, keys: list[str], lines: int, gap: float
+) -> None:
     """WRITERS threads, each appending line 1..lines to its share of ``keys``, one line
-    per key every ``gap`` seconds, spread evenly over the gap."""
+    per key every ``gap`` seconds, spread evenly over the gap, stamped with
+    time.time_ns() as it is written."""
+
+    def appender() -> Callable[[str, int], None]:
+        if path == "plain":
+            sync = redis.Redis.from_url(redis_url)
+            return lambda key, _line: sync.xadd(key, {"c": str(time.time_ns())})
+        log = RunLog.from_url(redis_url, namespace=namespace)
+
+        def append(run_id: str, line: int) -> None:
+            chunk = {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m", "delta": str(time.time_ns())}
+            log.append(run_id, 1, line + 1, [chunk])
+
+        return append
 
     def write(share: list[str], index: int) -> None:
+        append = appender()
         step = gap / max(1, len(share))
         start = time.monotonic() + index * step / WRITERS
         for line in range(1, lines + 1):
@@ -208,12 +256,16 @@ def paced_writers(
                 delay = due - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
-                append(index, key, line)
+                append(key, line)
 
     shares = [keys[i::WRITERS] for i in range(WRITERS)]
-    return [
+    threads = [
         threading.Thread(target=write, args=(share, i)) for i, share in enumerate(shares) if share
     ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def fleet_ours(  # noqa: PLR0917 - one call site
@@ -231,16 +283,12 @@ def fleet_ours(  # noqa: PLR0917 - one call site
     with Store(settings.require_database_url(), pool_size=2) as store:
         for run_id in run_ids:
             store.admit_run(run_id, run_id, {"bench": True}, max_attempts=1, deadline=600)
-    logs = [RunLog.from_settings(settings) for _ in range(WRITERS)]
+    log = RunLog.from_settings(settings)
     for run_id in run_ids:
         # A first chunk, not timed: the writers start once every client has it, as the
         # plain readers are connected before their writers start.
-        logs[0].fence(run_id, 1)
-        logs[0].append(run_id, 1, 1, [{"type": "CUSTOM", "name": "warm-up", "value": 0}])
-
-    def append(writer: int, run_id: str, line: int) -> None:
-        chunk = {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m", "delta": str(time.time_ns())}
-        logs[writer].append(run_id, 1, line + 1, [chunk])
+        log.fence(run_id, 1)
+        log.append(run_id, 1, 1, [{"type": "CUSTOM", "name": "warm-up", "value": 0}])
 
     samples: list[float] = []
     before = rss_kb(web_pid)
@@ -255,33 +303,29 @@ def fleet_ours(  # noqa: PLR0917 - one call site
             all_open.set()
 
     async def scenario() -> None:
-        limits = httpx.Limits(max_connections=runs + 10, max_keepalive_connections=0)
-        timeout = httpx.Timeout(120.0, read=None)
-        async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits) as http:
-            clients = [
-                asyncio.create_task(
-                    sse_client(
-                        http, f"/runs/{r}/events?token={tokens.issue(r)}", samples, one_opened
-                    )
+        clients = [
+            asyncio.create_task(
+                sse_client(
+                    base_url, f"/runs/{r}/events?token={tokens.issue(r)}", samples, one_opened
                 )
-                for r in run_ids
-            ]
-            await asyncio.wait_for(all_open.wait(), 300)
-            writers = paced_writers(append, run_ids, lines, gap)
-            for thread in writers:
-                thread.start()
-            await asyncio.sleep(gap * min(lines, 4))  # every feed has parked by now
-            measured["rss"] = rss_kb(web_pid)
-            measured["connections"] = await asyncio.to_thread(web_connections, settings)
-            for thread in writers:
-                await asyncio.to_thread(thread.join)
-            for run_id in run_ids:
-                await asyncio.to_thread(logs[0].close, run_id, 1)
-            await asyncio.gather(*clients)
+            )
+            for r in run_ids
+        ]
+        await asyncio.wait_for(all_open.wait(), 300)
+        writers = start_writers(
+            "ours", settings.require_redis_url(), settings.namespace, run_ids, lines, gap
+        )
+        await asyncio.sleep(gap * min(lines, 4))  # every feed has parked by now
+        measured["rss"] = rss_kb(web_pid)
+        measured["connections"] = await asyncio.to_thread(web_connections, settings)
+        await asyncio.to_thread(writers.join)
+        assert writers.exitcode == 0, writers.exitcode
+        for run_id in run_ids:
+            await asyncio.to_thread(log.close, run_id, 1)
+        await asyncio.gather(*clients)
 
     asyncio.run(scenario())
-    for log in logs:
-        log.client.close()
+    log.client.close()
     return samples, (measured["rss"] - before) / runs, measured["connections"]
 
 
@@ -289,10 +333,6 @@ async def fleet_plain(redis_url: str, runs: int, lines: int, gap: float) -> list
     tag = uuid.uuid4().hex[:8]
     keys = [f"plain-fleet-{tag}-{i}" for i in range(runs)]
     samples: list[float] = []
-    writers_sync = [redis.Redis.from_url(redis_url) for _ in range(WRITERS)]
-
-    def append(writer: int, key: str, _line: int) -> None:
-        writers_sync[writer].xadd(key, {"c": str(time.time_ns())})
 
     async def reader(key: str, ready: asyncio.Event) -> None:
         await read_plain_stream(redis_url, key, ready, samples)
@@ -301,18 +341,16 @@ async def fleet_plain(redis_url: str, runs: int, lines: int, gap: float) -> list
     readers = [asyncio.create_task(reader(k, e)) for k, e in zip(keys, readies, strict=True)]
     for ready in readies:
         await ready.wait()
-    writers = paced_writers(append, keys, lines, gap)
-    for thread in writers:
-        thread.start()
-    for thread in writers:
-        await asyncio.to_thread(thread.join)
+    writers = start_writers("plain", redis_url, "", keys, lines, gap)
+    await asyncio.to_thread(writers.join)
+    assert writers.exitcode == 0, writers.exitcode
+    sync = redis.Redis.from_url(redis_url)
     for key in keys:
-        writers_sync[0].xadd(key, {"end": b"1"})
+        sync.xadd(key, {"end": b"1"})
     await asyncio.gather(*readers)
     for key in keys:
-        writers_sync[0].delete(key)
-    for sync in writers_sync:
-        sync.close()
+        sync.delete(key)
+    sync.close()
     return samples
 
 
@@ -342,7 +380,7 @@ def main() -> None:
     configure_logging("WARNING")
     secret = secrets.token_hex(16)
     # The agent is this interpreter: the jail shows it read-only.
-    binds = ",".join(dict.fromkeys([sys.prefix, sys.base_prefix]))
+    binds = ",".join(dict.fromkeys(str(Path(p).resolve()) for p in (sys.prefix, sys.base_prefix)))
     with (
         tempfile.TemporaryDirectory() as tmp,
         bench_fleet(Path(tmp), secret=secret, sandbox_ro_binds=binds) as fleet,

@@ -466,7 +466,6 @@ class Soak:
 
     def run(self) -> dict[str, Any]:
         args = self.args
-        self.redis.start()
         overrides: dict[str, Any] = {
             **FAST,
             **TIMING,
@@ -476,9 +475,18 @@ class Soak:
         }
         if not overrides["broker_url"]:
             raise SystemExit("the broker is the configured Redis: set TURNKEEPER_REDIS_URL")
-        if self.sshd is not None:
-            self.sshd.start()
-            overrides.update(self.sshd.settings(), sandbox_provider="ssh")
+        self.redis.start()
+        try:
+            if self.sshd is not None:
+                self.sshd.start()
+                overrides.update(self.sshd.settings(), sandbox_provider="ssh")
+            return self.run_fleet(overrides)
+        finally:  # whatever failed: nothing of the soak outlives it
+            self.redis.kill()
+            if self.sshd is not None:
+                self.sshd.cut()
+
+    def run_fleet(self, overrides: dict[str, Any]) -> dict[str, Any]:
         with bench_fleet(self.workdir / "data", **overrides) as fleet:
             logs = self.workdir / "logs"
             logs.mkdir()
@@ -495,9 +503,6 @@ class Soak:
                 if self.sshd is not None:
                     _kill_agents(self.sshd.root)
                 release_sandboxes(fleet.settings)
-                self.redis.kill()
-                if self.sshd is not None:
-                    self.sshd.cut()
                 broker = redis.Redis.from_url(overrides["broker_url"])
                 for key in broker.scan_iter(match=f"{fleet.settings.namespace}*", count=1000):
                     broker.delete(key)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+from pathlib import Path
 
 import pytest
 
 from turnkeeper.chunks import Chunk
-from turnkeeper.errors import LogGoneError, LogOffsetError
-from turnkeeper.log import AsyncRunLog, RunLog
+from turnkeeper.embedded.ports import free_port
+from turnkeeper.embedded.redis import EmbeddedRedis
+from turnkeeper.errors import LogGoneError, LogOffsetError, LogUnavailableError
+from turnkeeper.log import AsyncRunLog, RunLog, aio
 
 from .samples import text_chunk
 
@@ -70,3 +75,44 @@ def test_async_reader_reports_gone_and_bad_offsets(redis_url: str, namespace: st
 
     asyncio.run(scenario())
     writer.client.close()
+
+
+def test_a_read_without_a_socket_timeout_ends_when_redis_freezes(
+    tmp_path: Path, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The web feeds' client has no socket timeout (redis-py would spend a task per
+    command on it): a Redis that stops answering mid-read still ends the read, with
+    LogUnavailableError once the read's guard runs out, not a read parked for good."""
+    monkeypatch.setattr(aio, "READ_GUARD_SLACK", 0.5)
+    server, port = EmbeddedRedis(tmp_path / "redis"), free_port()
+    server.start(port)
+    try:
+        writer = RunLog.from_url(server.url(port), namespace=namespace)
+        writer.fence("r", 1)
+        writer.append("r", 1, 1, [text_chunk(1)])
+        writer.client.close()
+        pid = int(server.pidfile.read_text())
+
+        async def read_and_freeze(reader: AsyncRunLog, got: list[tuple[int, Chunk]]) -> None:
+            async with asyncio.timeout(HANG_GUARD):
+                async for item in reader.read("r", 0, block_ms=200):
+                    got.append(item)
+                    os.kill(pid, signal.SIGSTOP)  # Redis freezes with the read parked next
+
+        async def scenario() -> list[tuple[int, Chunk]]:
+            url = server.url(port)
+            reader = AsyncRunLog.from_url(url, namespace=namespace, socket_timeout=None)
+            got: list[tuple[int, Chunk]] = []
+            try:
+                with pytest.raises(LogUnavailableError) as caught:
+                    await read_and_freeze(reader, got)
+                assert caught.value.reason == "TimeoutError"
+            finally:
+                os.kill(pid, signal.SIGCONT)
+                await reader.aclose()
+            return got
+
+        assert asyncio.run(scenario()) == numbered(1, 2)
+    finally:
+        os.kill(int(server.pidfile.read_text()), signal.SIGCONT)
+        server.stop(port)

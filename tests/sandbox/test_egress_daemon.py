@@ -323,3 +323,23 @@ def test_a_daemon_that_cannot_start_is_one_clear_error(data_dir: Path) -> None:
     assert caught.value.reason == "egress-proxy-start"
     assert "IsADirectoryError" in caught.value.message
     assert daemons_for(paths) == []
+
+
+def test_a_daemon_whose_data_dir_is_removed_exits(upstream: UpstreamServer) -> None:
+    """Its socket is gone with the directory, so nothing can reach it any more: it exits
+    (a test's or a bench's temporary data dir no longer leaves a daemon behind)."""
+    with short_data_dir() as data_dir:
+        settings = settings_for(data_dir, f"127.0.0.1:{upstream.port}")
+        paths = paths_for(settings)
+        socket_path = ensure_proxy(settings)
+        pid = lock_holder(paths.pidfile)
+        assert pid is not None
+        assert ask(socket_path, small(upstream)).status == 200
+        shutil.rmtree(data_dir / "egress")
+        process = psutil.Process(pid)
+        try:
+            process.wait(timeout=60)  # a hang guard: it looks every couple of seconds
+        except psutil.TimeoutExpired:
+            process.kill()  # its pidfile went with the directory
+            raise
+        assert daemons_for(paths) == []

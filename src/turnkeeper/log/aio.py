@@ -12,6 +12,8 @@ worker thread, the first time a read finds it missing.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, Self, cast
 
@@ -20,7 +22,7 @@ import redis.asyncio
 
 from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
-from turnkeeper.errors import ConfigError, LogGoneError
+from turnkeeper.errors import ConfigError, LogGoneError, LogUnavailableError
 from turnkeeper.log.entries import (
     STATE_FIELDS,
     LogState,
@@ -42,6 +44,23 @@ from turnkeeper.log.runlog import (
     check_short_read,
     read_is_over,
 )
+
+READ_GUARD_SLACK = SOCKET_TIMEOUT
+"""Seconds a blocking read may run past its block time before Redis counts as gone."""
+
+
+@contextlib.asynccontextmanager
+async def _read_guard(run_id: str, block_ms: int) -> AsyncIterator[None]:
+    """A blocking read's hang guard, for a client with no socket timeout of its own
+    (the web feeds': redis-py guards each command there with ``asyncio.wait_for``, a
+    task per read; this is one timer)."""
+    try:
+        async with asyncio.timeout(block_ms / 1000 + READ_GUARD_SLACK):
+            yield
+    except TimeoutError as exc:
+        raise LogUnavailableError(
+            "Redis did not answer a blocking read", run_id=run_id, reason="TimeoutError"
+        ) from exc
 
 
 class AsyncRunLog:
@@ -163,9 +182,10 @@ class AsyncRunLog:
         cursor = after_seq
         while True:
             with redis_errors(run_id, "read"):
-                reply = await self._redis.xread(
-                    {stream: f"0-{cursor}"}, count=self.page_size, block=block_ms
-                )
+                async with _read_guard(run_id, block_ms):
+                    reply = await self._redis.xread(
+                        {stream: f"0-{cursor}"}, count=self.page_size, block=block_ms
+                    )
             entries = stream_entries(reply)
             if entries:
                 page = decode_page(entries, cursor, run_id)

@@ -143,7 +143,10 @@ class WebState:
             client_name=names.commands,
         )
         feed_log = AsyncRunLog.from_settings(
-            settings, max_connections=MAX_FEED_CONNECTIONS, client_name=names.feeds
+            settings,
+            max_connections=MAX_FEED_CONNECTIONS,
+            client_name=names.feeds,
+            socket_timeout=None,  # its reads are guarded by a timer instead (AsyncRunLog.read)
         )
         # A lost log is rebuilt from Postgres on its first read.
         run_log.restorer = feed_log.restorer = client.log

@@ -36,6 +36,7 @@ _PR_SET_DUMPABLE = 4
 _LOG_BYTES = 8 * 1024 * 1024
 _LOG_BACKUPS = 2
 _BACKLOG = 1024
+_WATCH_SECONDS = 2.0  # how often the daemon checks that its socket is still its own
 
 
 def make_non_dumpable() -> None:
@@ -113,13 +114,32 @@ def _listen(path: Path, group: int | None) -> socket.socket:
     return sock
 
 
-async def _serve(proxy: EgressProxy, sock: socket.socket) -> None:
+async def _serve(proxy: EgressProxy, sock: socket.socket, path: Path) -> None:
     serving = asyncio.ensure_future(proxy.serve(sock))
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, serving.cancel)
+    watch = asyncio.ensure_future(_stop_when_unreachable(path, serving))
     with contextlib.suppress(asyncio.CancelledError):
         await serving
+    watch.cancel()
+
+
+async def _stop_when_unreachable(path: Path, serving: asyncio.Future[None]) -> None:
+    """Stop once no new connection can reach this daemon: its socket file is gone (its
+    data directory was removed) or is another daemon's now. Without this, a host whose
+    data directory went (a test's, a bench's, a reinstall) kept the daemon for good."""
+    bound = path.stat().st_ino
+    while True:
+        await asyncio.sleep(_WATCH_SECONDS)
+        try:
+            if path.stat().st_ino == bound:
+                continue
+        except OSError:
+            pass
+        log.info("egress.unreachable", socket=str(path))
+        serving.cancel()
+        return
 
 
 def _run(args: argparse.Namespace, ready_fd: int) -> int:
@@ -150,7 +170,7 @@ def _run(args: argparse.Namespace, ready_fd: int) -> int:
     os.write(ready_fd, b"ok")
     os.close(ready_fd)
     bound = args.socket.stat().st_ino
-    asyncio.run(_serve(EgressProxy(Allowlist(allowlist), limits), sock))
+    asyncio.run(_serve(EgressProxy(Allowlist(allowlist), limits), sock, args.socket))
     with contextlib.suppress(FileNotFoundError):
         if args.socket.stat().st_ino == bound:  # still ours: no successor replaced it
             args.socket.unlink()
