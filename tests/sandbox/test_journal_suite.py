@@ -13,6 +13,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import psutil
 import pytest
@@ -289,6 +290,35 @@ def test_agent_killed_without_sentinel_is_vanished(sandbox: Sandbox) -> None:
     assert seen == [b"one"]
     assert caught.value.reason == "agent-vanished"
     assert journal_bytes(handle.paths) == b"one\n"
+
+
+class _ProbeCounter:
+    """The sandbox itself, counting the reader's liveness probes of one journal."""
+
+    def __init__(self, sandbox: Sandbox, paths: JournalPaths) -> None:
+        self._sandbox = sandbox
+        self._probe = liveness_argv(paths)
+        self.probes = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._sandbox, name)
+
+    def exec(self, argv: list[str], **options: object) -> object:
+        self.probes += argv == self._probe
+        return self._sandbox.exec(argv, **options)  # type: ignore[arg-type]
+
+
+def test_an_idle_live_writer_is_probed_less_and_less(sandbox: Sandbox) -> None:
+    """Each probe is a process in the sandbox: three silent seconds at a 0.1 s base
+    cost a handful of them (0.1, 0.3, 0.7, 1.5, 3.1 s), not one per idle tick."""
+    handle = spawn_journaled(sandbox, RUN, "echo one; sleep 3; echo two")
+    counter = _ProbeCounter(sandbox, handle.paths)
+    reader = JournalReader(
+        cast("Sandbox", counter), handle.paths, nonce=handle.nonce, liveness_interval=0.1
+    )
+    assert [line for line, _ in reader] == [b"one", b"two"]
+    assert reader.exit_code == 0
+    assert 1 <= counter.probes <= 6
 
 
 def _kill_recorded_groups(sandbox: Sandbox) -> None:

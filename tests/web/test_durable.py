@@ -10,11 +10,12 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
+import redis
 from fastapi import FastAPI
 
 from tests.web.conftest import ApiKeys, WebServer, stream_tokens
@@ -23,6 +24,7 @@ from turnkeeper.config import Settings
 from turnkeeper.log.keys import stream_slots_key
 from turnkeeper.store.store import Store
 from turnkeeper.web import create_app
+from turnkeeper.web.app import web_client_names
 from turnkeeper.web.durable import format_offset
 
 JSON = "application/json"
@@ -479,7 +481,8 @@ def test_a_hundred_parked_long_polls_leave_other_reads_answering(
     settings: Settings, api_keys: ApiKeys
 ) -> None:
     """More parked long-polls than the web's Redis command pool holds do not wedge HEAD
-    or a catch-up read of another run (each parked XREAD gives its connection back)."""
+    or a catch-up read of another run: they wait on the run's feed, one parked read in
+    Redis for all of them, and none holds a connection of the command pool."""
     roomy = settings.model_copy(update={"max_streams_per_key": 200})
     server = WebServer.start_app(create_app(roomy, long_poll_seconds=600.0))
     parked = 100
@@ -505,6 +508,7 @@ def test_a_hundred_parked_long_polls_leave_other_reads_answering(
             for poller in pollers:
                 poller.start()
             _wait_for_slots(roomy, "alice", parked)
+            _wait_for(lambda: parked_reads(roomy) == {"feeds": 1, "commands": 0})
             head = alice.head(stream_path("bystander"))
             read = alice.get(f"{stream_path('bystander')}?offset=-1")
             assert (head.status_code, head.headers["stream-next-offset"]) == (200, format_offset(1))
@@ -515,6 +519,25 @@ def test_a_hundred_parked_long_polls_leave_other_reads_answering(
             assert answers == [200] * parked
     finally:
         server.stop()
+
+
+def parked_reads(settings: Settings) -> dict[str, int]:
+    """The web process's connections parked in XREAD, by pool, from CLIENT LIST."""
+    names = web_client_names(settings.namespace)
+    client = redis.Redis.from_url(settings.require_redis_url())
+    try:
+        parked = [c.get("name") for c in client.client_list() if c.get("cmd") == "xread"]
+    finally:
+        client.close()
+    return {"feeds": parked.count(names.feeds), "commands": parked.count(names.commands)}
+
+
+def _wait_for(condition: Callable[[], bool]) -> None:
+    for _ in range(600):  # a hang guard
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError("never came true")
 
 
 def _strict_sse_events(raw: bytes) -> list[tuple[str, Any]]:

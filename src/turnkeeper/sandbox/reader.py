@@ -66,6 +66,7 @@ Strategy = Literal["follow", "poll"]
 DEFAULT_POLL_INTERVAL = 0.25
 DEFAULT_FIRST_BYTE_TIMEOUT = 10.0
 DEFAULT_LIVENESS_INTERVAL = 1.0
+LIVENESS_MAX_INTERVAL = 16.0  # a long-idle journal's writer is probed this often
 _TICK = 0.25
 FOLLOW_READ_BYTES = 1 << 20
 _SPLIT_BYTES = 1 << 16
@@ -121,14 +122,37 @@ class StopSignal:
 
 @dataclass
 class _IdleWatch:
-    """What the idle checks of one read remember between ticks."""
+    """What the idle checks of one read remember between ticks.
+
+    The writer's liveness is probed every ``interval`` while no bytes come, and the
+    interval doubles after each probe that finds the writer alive, up to
+    ``LIVENESS_MAX_INTERVAL``: each probe is a process in the sandbox, and a worker
+    holding hundreds of turns whose agents wait on a model would otherwise spend its
+    CPU on them (and starve its own heartbeats). A probe that finds the writer gone is
+    followed by the second one a base interval later; bytes reset the interval."""
 
     started: float
+    base: float
     last_check: float = field(init=False)
+    interval: float = field(init=False)
     strikes: int = 0
 
     def __post_init__(self) -> None:
         self.last_check = self.started
+        self.interval = self.base
+
+    def woke(self) -> None:
+        """Bytes came: the writer is alive."""
+        self.strikes = 0
+        self.interval = self.base
+
+    def probed(self, gone: bool) -> None:
+        if gone:
+            self.strikes += 1
+            self.interval = self.base
+        else:
+            self.strikes = 0
+            self.interval = min(self.interval * 2, max(self.base, LIVENESS_MAX_INTERVAL))
 
 
 class JournalReader:
@@ -178,7 +202,7 @@ class JournalReader:
 
     def __iter__(self) -> Iterator[Line]:
         splitter = self._splitter
-        idle = _IdleWatch(time.monotonic())
+        idle = _IdleWatch(time.monotonic(), self.liveness_interval or 0.0)
         stop = self.stop
         source = self._follow(splitter) if self.strategy == "follow" else self._poll(splitter)
         try:
@@ -188,7 +212,7 @@ class JournalReader:
                 if not chunk:
                     self._idle_tick(idle, splitter)
                     continue
-                idle.strikes = 0
+                idle.woke()
                 taken = splitter.take(chunk)
                 if taken is not None:
                     lines, sentinel_found, failure = self._screen(splitter, *taken)
@@ -249,9 +273,9 @@ class JournalReader:
                 journal=self.paths.journal,
                 liveness=liveness,
             )
-        if self.liveness_interval is not None and now - idle.last_check >= self.liveness_interval:
+        if self.liveness_interval is not None and now - idle.last_check >= idle.interval:
             idle.last_check = now
-            idle.strikes = idle.strikes + 1 if self._writer_gone() else 0
+            idle.probed(self._writer_gone())
             if idle.strikes >= 2:
                 raise AgentVanishedError(
                     "agent process is gone and its journal has no exit sentinel",

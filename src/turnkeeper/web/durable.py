@@ -53,6 +53,7 @@ from turnkeeper.log.quota import STREAM_RENEW_SECONDS
 from turnkeeper.store.records import Run, check_id
 from turnkeeper.web import sse
 from turnkeeper.web.auth import Principal, authorize_stream
+from turnkeeper.web.fanout import FanOut
 
 if TYPE_CHECKING:
     from turnkeeper.web.app import WebState
@@ -219,16 +220,6 @@ async def _reading(
         close = getattr(reader, "aclose", None)
         if close is not None:
             await close()
-
-
-async def wait_for_chunk(run_log: AsyncRunLog, run_id: str, after: int, seconds: float) -> bool:
-    """Return once a chunk after ``after`` is stored or the log closed (True), or when
-    ``seconds`` passed (False)."""
-    with anyio.move_on_after(seconds):
-        async with _reading(run_log, run_id, after) as reader:
-            await anext(reader, None)
-        return True
-    return False
 
 
 def _start(run: Run, state: LogState, offset: int | None) -> int:
@@ -403,7 +394,7 @@ async def _long_poll(
     request_page = await read_page(state.run_log, run_id, after, log_state)
     if not request_page.chunks and not request_page.closed:
         with _revocation(state, charged) as revoked:
-            await _wait_or_revoked(state.run_log, run_id, after, seconds, revoked)
+            await _wait_or_revoked(state.fanout, run_id, after, seconds, revoked)
         # Checked in Postgres, not by the watch alone: it may not have seen it yet.
         if charged is not None and not await run_in_threadpool(
             state.client.store.key_is_live, charged
@@ -449,6 +440,7 @@ async def _sse(
             with _revocation(state, charged) as revoked:
                 async for frame in sse_frames(
                     state.run_log,
+                    state.fanout,
                     run.run_id,
                     after,
                     client_cursor=client_cursor,
@@ -490,6 +482,7 @@ PING: Final = b": ping\n\n"
 
 async def sse_frames(
     run_log: AsyncRunLog,
+    fanout: FanOut,
     run_id: str,
     after: int,
     *,
@@ -501,8 +494,10 @@ async def sse_frames(
     """``data`` events (a JSON array of chunks each), each followed by its ``control``
     event, from ``after``; until the log is closed (a last control with
     ``streamClosed``), the response has lasted ``seconds``, or the key it counts
-    against is revoked (the stream just ends: the client's reconnect is refused).
-    A comment every ``ping_seconds`` of silence keeps proxies from cutting it."""
+    against is revoked (the stream just ends: the client's reconnect is refused), or
+    the server shuts down (the client reconnects to another).
+    A comment every ``ping_seconds`` of silence keeps proxies from cutting it. Waits
+    for chunks go through the run's feed (``FanOut.wait_past``)."""
     deadline = anyio.current_time() + seconds
     cursor = response_cursor(client_cursor)
     position = after
@@ -527,8 +522,10 @@ async def sse_frames(
             if remaining <= 0:
                 return
             if not await _wait_or_revoked(
-                run_log, run_id, position, min(remaining, ping_seconds), revoked
+                fanout, run_id, position, min(remaining, ping_seconds), revoked
             ):
+                if fanout.closed:
+                    return
                 yield PING
     except LogError as exc:
         # Retention removed the range under the reader, or Redis failed: the protocol
@@ -538,7 +535,7 @@ async def sse_frames(
 
 
 async def _wait_or_revoked(
-    run_log: AsyncRunLog, run_id: str, after: int, seconds: float, revoked: asyncio.Event
+    fanout: FanOut, run_id: str, after: int, seconds: float, revoked: asyncio.Event
 ) -> bool:
     """Whether a chunk came (or the log closed, or the key was revoked) within ``seconds``."""
     woken = False
@@ -547,7 +544,7 @@ async def _wait_or_revoked(
 
         async def wait_chunk() -> None:
             nonlocal woken
-            woken = await wait_for_chunk(run_log, run_id, after, seconds) or woken
+            woken = await fanout.wait_past(run_id, after, seconds) or woken
             group.cancel_scope.cancel()
 
         async def wait_revoked() -> None:

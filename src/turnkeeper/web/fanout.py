@@ -360,6 +360,24 @@ class FanOut:
         """A subscription to the chunks of ``run_id`` after seq ``after`` (read on ``frames``)."""
         return Subscription(self, run_id, after, on_first_event)
 
+    async def wait_past(self, run_id: str, after: int, seconds: float) -> bool:
+        """True once a chunk after ``after`` is stored, or the log ended or failed;
+        False when ``seconds`` passed first, or the server is shutting down. Through the
+        run's feed, as a subscription that leaves at its first frame: however many
+        long-polls wait on one run, one read of it parks in Redis."""
+        if self.closed:
+            return False
+        frames = self.subscribe(run_id, after).frames()
+        try:
+            async with asyncio.timeout(seconds):
+                async for _ in frames:
+                    return True
+        except TimeoutError:
+            return False
+        finally:
+            await frames.aclose()
+        return False  # ended without a frame: the server is shutting down
+
     def start_feed(self, run_id: str, after: int) -> RunFeed:
         feed = RunFeed(self, run_id, after)
         self.feeds[run_id] = feed
