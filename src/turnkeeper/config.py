@@ -270,6 +270,13 @@ class Settings(BaseSettings):
     )
     journal_stall_timeout: float = Field(default=10.0, gt=0)
     journal_poll_interval: float = Field(default=0.25, gt=0)
+    start_concurrency: int = Field(
+        default=8,
+        ge=1,
+        le=1024,
+        description="Agents one worker process starts at once; the others wait for a "
+        "slot (a burst of hundreds would starve the process's own lease renewals).",
+    )
     orphan_ttl: float = Field(default=3600.0, gt=0, description="Age of an unowned journal.")
     session_ttl: float = Field(
         default=24 * 3600.0,

@@ -66,6 +66,7 @@ from turnkeeper.sandbox import AgentCommand, JournalReader, Sandbox, SandboxSpec
 from turnkeeper.store.records import BegunRun, Claim, Run, RunStatus, Verdict
 from turnkeeper.workers.failpoints import failpoint
 from turnkeeper.workers.lease import LeaseKeeper
+from turnkeeper.workers.starts import StartSlot
 
 if TYPE_CHECKING:  # the runtime builds on the driver's stored log
     from turnkeeper.workers.runtime import WorkerRuntime
@@ -73,6 +74,7 @@ if TYPE_CHECKING:  # the runtime builds on the driver's stored log
 log = structlog.get_logger(__name__)
 
 _WAKE = 0.25
+START_SETTLE_SECONDS = 1.0  # a start slot's longest hold once the agent is spawned
 _REPLAY_BATCH = 512
 _DEADLINE = "the run passed its deadline"
 _MEMORY_LIMIT = "the agent passed its memory limit and was killed"
@@ -239,6 +241,7 @@ class Attempt:
         self.keeper = keeper
         self.ownership = ownership
         self.hand_over = runtime.hand_over
+        self.start_slot = StartSlot(self.settings.start_concurrency, START_SETTLE_SECONDS)
         payload = run.payload if isinstance(run.payload, dict) else {}
         self.prompt = str(payload.get("prompt", ""))
         branch = payload.get("from_entry")
@@ -295,9 +298,12 @@ class Attempt:
             Recovery.LOST: self._lost_at_takeover,
             Recovery.FAIL: self._fail_at_takeover,
         }
-        ending = steps[action]()
-        while isinstance(ending, Lost):
-            ending = self._give_up(ending.reason)
+        try:
+            ending = steps[action]()
+            while isinstance(ending, Lost):
+                ending = self._give_up(ending.reason)
+        finally:  # a spawn that failed before its agent was followed holds one still
+            self.start_slot.release()
         if isinstance(ending, Exited):
             self._finish(ending)
 
@@ -492,6 +498,8 @@ class Attempt:
         return replace(command, env=self.env)
 
     def _spawn(self, sandbox: Sandbox, journal: PlacedJournal, command: AgentCommand) -> Ending:
+        self.start_slot.take()  # given back as the agent speaks (``_follow_from``)
+        self.ownership.check()  # the wait may have outlasted the lease
         failpoint(self.settings, "before-spawn", self.claim.run_id)
         started = self.place.spawn(
             sandbox,
@@ -577,6 +585,7 @@ class Attempt:
                     return None
                 self.ownership.check()
                 batch = feed.next_batch(_WAKE)
+                self.start_slot.settled(spoke=batch is not None)
                 if batch is None:
                     continue
                 if batch.lines:
@@ -597,6 +606,7 @@ class Attempt:
                 return Exited(journal, batch.exit_code, batch.end_position, sandbox)
         finally:
             feed.stop()
+            self.start_slot.release()
 
     def _hand_over(self) -> None:
         """A drain's deadline passed (``HostBeacon``): stop driving and let the lease go
