@@ -7,7 +7,9 @@ Both sides get 2 worker processes with 2 pool processes each, in one run; the
 ratio is ours / plain wall time (goal: at most 1.2). Then ours once more on the same
 2 worker processes with the threads pool and ``--threads`` turns each (a turn mostly
 waits on its agent: docs/architecture.md, "Many turns in one worker process"), against
-the same plain figure.
+the same plain figure. Each side's line gives the whole machine's CPU per run over its
+wall time (every process: workers, agents, jails, Postgres, Redis) and how busy that
+kept the machine: at 100% the side is bound by CPU, and the ratio is its CPU per run.
 
     .venv/bin/python bench/fleet_throughput.py [--runs 500] [--threads 4]
 """
@@ -22,6 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -45,7 +48,34 @@ def _settled(database_url: str) -> int:
     return int(row[0]) if row else 0
 
 
-def ours(runs: int, threads: int | None = None) -> float:
+@dataclass
+class Timed:
+    """A side's wall time, and the whole machine's CPU over it (every process:
+    workers, agents, jails, Postgres, Redis), from /proc/stat."""
+
+    seconds: float
+    cpu_seconds: float
+
+    def line(self, runs: int) -> str:
+        busy = self.cpu_seconds / (self.seconds * (os.cpu_count() or 1))
+        return (
+            f"{self.seconds:7.1f}s  ({runs / self.seconds:6.1f} runs/s)  "
+            f"CPU {self.cpu_seconds * 1000 / runs:5.0f} ms per run, machine {busy:4.0%} busy"
+        )
+
+
+def cpu_seconds() -> float:
+    """CPU time the machine spent busy since boot (all but idle and iowait)."""
+    with Path("/proc/stat").open() as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def timed(started: float, cpu_started: float) -> Timed:
+    return Timed(time.monotonic() - started, cpu_seconds() - cpu_started)
+
+
+def ours(runs: int, threads: int | None = None) -> Timed:
     with tempfile.TemporaryDirectory() as tmp, bench_fleet(Path(tmp)) as fleet:
         for _ in range(WORKERS):
             if threads is None:
@@ -56,17 +86,17 @@ def ours(runs: int, threads: int | None = None) -> float:
         client.submit(AGENT, "warm-up")  # workers up and warm before the clock starts
         while _settled(fleet.settings.require_database_url()) < 1:
             time.sleep(0.05)
-        started = time.monotonic()
+        started, cpu_started = time.monotonic(), cpu_seconds()
         for index in range(runs):
             client.submit(AGENT, f"run {index}")
         while _settled(fleet.settings.require_database_url()) < runs + 1:
             time.sleep(0.05)
-        elapsed = time.monotonic() - started
+        elapsed = timed(started, cpu_started)
         client.close()
         return elapsed
 
 
-def plain(runs: int, redis_url: str) -> float:
+def plain(runs: int, redis_url: str) -> Timed:
     prefix = f"plain-{uuid.uuid4().hex[:8]}"
     env = {
         **os.environ,
@@ -115,12 +145,12 @@ def plain(runs: int, redis_url: str) -> float:
         plain_tasks.run.apply_async(args=[argv, f"{prefix}:warm"])
         while int(client.get(done_key) or 0) < 1:
             time.sleep(0.05)
-        started = time.monotonic()
+        started, cpu_started = time.monotonic(), cpu_seconds()
         for index in range(runs):
             plain_tasks.run.apply_async(args=[argv, f"{prefix}:run:{index}"])
         while int(client.get(done_key) or 0) < runs + 1:
             time.sleep(0.05)
-        return time.monotonic() - started
+        return timed(started, cpu_started)
     finally:
         for proc in procs:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -145,14 +175,12 @@ def main() -> None:
     ours_s = ours(args.runs)
     threads_s = ours(args.runs, args.threads)
     print(f"{args.runs} short scripted runs, {WORKERS} workers x {CONCURRENCY} processes each")
-    print(f"plain Celery + XADD : {plain_s:7.1f}s  ({args.runs / plain_s:6.1f} runs/s)")
-    print(f"turnkeeper          : {ours_s:7.1f}s  ({args.runs / ours_s:6.1f} runs/s)")
-    print(f"ratio ours / plain  : {ours_s / plain_s:.2f}  (goal <= 1.2)")
-    print(
-        f"turnkeeper, -P threads -c {args.threads} on the same {WORKERS} processes: "
-        f"{threads_s:7.1f}s  ({args.runs / threads_s:6.1f} runs/s), "
-        f"ratio {threads_s / plain_s:.2f}"
-    )
+    print(f"plain Celery + XADD : {plain_s.line(args.runs)}")
+    print(f"turnkeeper          : {ours_s.line(args.runs)}")
+    print(f"ratio ours / plain  : {ours_s.seconds / plain_s.seconds:.2f}  (goal <= 1.2)")
+    print(f"turnkeeper, -P threads -c {args.threads} on the same {WORKERS} processes:")
+    print(f"                      {threads_s.line(args.runs)}")
+    print(f"ratio threads / plain: {threads_s.seconds / plain_s.seconds:.2f}")
 
 
 if __name__ == "__main__":
