@@ -125,7 +125,10 @@ def create_app(settings: Settings, *, turn_worker: bool = True) -> Celery:
     control worker, which serves no host's queue, passes False so it never makes a
     host look alive."""
     broker = settings.effective_broker_url
-    app = Celery("turnkeeper", broker=broker, set_as_current=False)
+    # No fixups: with DJANGO_SETTINGS_MODULE in its environment (a Django shop's hosts),
+    # Celery would set that project up inside every turnkeeper worker, and a worker
+    # where it is not importable would not start at all.
+    app = Celery("turnkeeper", broker=broker, set_as_current=False, fixups=[])
     turns, control = turns_queue(settings), control_queue(settings)
     priorities = TurnPriorities.for_broker(broker)
     transport_options: dict[str, Any] = dict(priorities.transport_options)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from celery.contrib.testing.worker import start_worker
 
-from tests.driver.fleet import expected_log
+from tests.driver.fleet import Fleet, expected_log
 from turnkeeper.client import Client
 from turnkeeper.config import Settings
 from turnkeeper.driver.placement import Placement
@@ -98,3 +98,20 @@ def test_a_run_through_celerys_in_process_worker(settings: Settings, tmp_path: P
                 time.sleep(0.05)
     finally:
         client.close()
+
+
+def test_a_worker_ignores_a_django_projects_settings(settings: Settings, tmp_path: Path) -> None:
+    """A host of a Django shop has DJANGO_SETTINGS_MODULE set; Celery's Django fixup
+    would set that project up in our worker (and not start where it is not importable).
+    turnkeeper's app has no fixups: the worker starts and runs the run."""
+    fleet = Fleet.create(settings, tmp_path / "logs")
+    fleet.env["DJANGO_SETTINGS_MODULE"] = "no_such_project.settings"
+    try:
+        fleet.start_worker()
+        run = fleet.client.submit(AGENT, "hello")
+        done = fleet.wait_settled(run.run_id)
+        assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
+        oracle = expected_log(run.run_id, run.session_id, AGENT, "hello", tmp_path / "oracle")
+        assert [chunk for _, chunk in fleet.log_of(run.run_id)] == oracle
+    finally:
+        fleet.stop()

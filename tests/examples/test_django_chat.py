@@ -16,8 +16,13 @@ from tests.driver.fleet import Fleet
 from tests.web.conftest import ApiKeys, WebServer
 
 django = pytest.importorskip("django")
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "examples.django_chat.settings")
+# Set for the setup alone: left in os.environ at collection, it reached every process
+# this test session starts (a Celery worker then set the example up as its Django project).
+_given = os.environ.get("DJANGO_SETTINGS_MODULE")
+os.environ["DJANGO_SETTINGS_MODULE"] = _given or "examples.django_chat.settings"
 django.setup()
+if _given is None:
+    del os.environ["DJANGO_SETTINGS_MODULE"]
 
 from django.test import Client, override_settings  # noqa: E402 - needs the setup above
 from examples.django_chat.views import session_of  # noqa: E402
