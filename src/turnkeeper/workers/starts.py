@@ -14,14 +14,20 @@ comes first. At most ``start_concurrency`` turns of a process hold one.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 
+_made: dict[int, threading.BoundedSemaphore] = {}
+_making = threading.Lock()
 
-@functools.cache
+
 def _slots(size: int) -> threading.BoundedSemaphore:
-    return threading.BoundedSemaphore(size)
+    """This process's slots (one set per size): made under a lock, since the first
+    burst of turns asks for them from many threads at once."""
+    with _making:
+        if size not in _made:
+            _made[size] = threading.BoundedSemaphore(size)
+        return _made[size]
 
 
 class StartSlot:
