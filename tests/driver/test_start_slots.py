@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
+import pytest
+
+from tests.driver.fleet import Fleet
+from turnkeeper.config import Settings
+from turnkeeper.driver import lifecycle
+from turnkeeper.store.records import RunStatus, TurnPhase
+from turnkeeper.workers.failpoints import marker, release
 from turnkeeper.workers.starts import StartSlot
 
 SIZE = 3  # a size no other test of this process uses: the slots are per size
@@ -58,3 +66,59 @@ def test_a_silent_agent_gives_its_slot_back_after_settle() -> None:
     time.sleep(0.25)
     slot.settled(spoke=False)
     assert not slot.held
+
+
+# --- a turn that waits for a slot still hears its cancel and its deadline -------------
+
+AGENT = {"preset": "scripted", "turns": 1, "pace": 0.0, "seed": 3}
+DEADLINE = "the run passed its deadline"
+
+
+def _wait_for_marker(fleet: Fleet, point: str) -> None:
+    reached = marker(fleet.settings, point)
+    deadline = time.monotonic() + 120  # a hang guard
+    while not reached.exists():
+        assert time.monotonic() < deadline, fleet.dump_logs()
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("ending", ["cancel", "deadline"])
+def test_a_turn_waiting_for_a_start_slot_ends_there_without_an_agent(
+    settings: Settings, tmp_path: Path, ending: str
+) -> None:
+    """One slot, held by a run paused before its spawn: the next run of the process
+    waits for it. Its cancel (or its deadline) ends it there, while the slot is still
+    held: settled with the cancel's (the deadline's) final chunk, no agent started. The
+    held run then starts and completes."""
+    fleet = Fleet.create(
+        settings, tmp_path / "logs", start_concurrency=1, failpoints="before-spawn=pause"
+    )
+    try:
+        fleet.start_worker(2, pool="threads")
+        fleet.wait_ready()
+        holder = fleet.client.submit(AGENT, "hold the slot")
+        _wait_for_marker(fleet, "before-spawn")
+        timeout = 2.0 if ending == "deadline" else None
+        waiting = fleet.client.submit(AGENT, "wait for it", timeout=timeout)
+        fleet.wait(waiting.run_id, lambda r: r.status is RunStatus.RUNNING, what="claimed")
+        if ending == "cancel":
+            fleet.client.cancel(waiting.run_id)
+        done = fleet.wait_settled(waiting.run_id)
+        assert fleet.client.require(holder.run_id).status is RunStatus.RUNNING  # still held
+        if ending == "cancel":
+            final, status = lifecycle.cancelled(), RunStatus.ABORTED
+        else:
+            final, status = lifecycle.run_error(DEADLINE, "deadline-exceeded"), RunStatus.FAILED
+        assert done.status is status, fleet.dump_logs()
+        assert [c for _, c in fleet.log_of(done.run_id)] == [
+            lifecycle.run_started(done.run_id, done.session_id),
+            final,
+        ]
+        slot = fleet.client.store.get_turn_slot(done.run_id)
+        assert slot is not None
+        assert slot.phase is not TurnPhase.PROVIDER_STARTED  # no agent was started
+        assert fleet.wait_events("start_slot.left", run_id=done.run_id)
+        release(fleet.settings, "before-spawn")
+        assert fleet.wait_settled(holder.run_id).status is RunStatus.COMPLETED, fleet.dump_logs()
+    finally:
+        fleet.stop()

@@ -498,8 +498,8 @@ class Attempt:
         return replace(command, env=self.env)
 
     def _spawn(self, sandbox: Sandbox, journal: PlacedJournal, command: AgentCommand) -> Ending:
-        self.start_slot.take()  # given back as the agent speaks (``_follow_from``)
-        self.ownership.check()  # the wait may have outlasted the lease
+        if not self._take_start_slot():
+            return None
         failpoint(self.settings, "before-spawn", self.claim.run_id)
         started = self.place.spawn(
             sandbox,
@@ -569,19 +569,10 @@ class Attempt:
         feed = JournalFeed(reader).start()
         try:
             while True:
-                if self.keeper.cancelled.is_set():
+                stop = self._stop_asked()
+                if stop is not None:
                     feed.stop()
-                    self._abort()
-                    return None
-                if self.keeper.past_deadline.is_set():
-                    feed.stop()
-                    error = {"reason": "deadline-exceeded", "message": _DEADLINE}
-                    final = lifecycle.run_error(_DEADLINE, "deadline-exceeded")
-                    self._abort(final, RunStatus.FAILED, error)
-                    return None
-                if self.hand_over.is_set():
-                    feed.stop()
-                    self._hand_over()
+                    stop()
                     return None
                 self.ownership.check()
                 batch = feed.next_batch(_WAKE)
@@ -607,6 +598,36 @@ class Attempt:
         finally:
             feed.stop()
             self.start_slot.release()
+
+    def _take_start_slot(self) -> bool:
+        """Wait for a start slot (``workers/starts.py``), given back as the agent speaks
+        (``_follow_from``). A cancel, a deadline or a drain that comes while the turn
+        waits is carried out then, before any agent is started (False); a lease lost
+        meanwhile raises."""
+        while not self.start_slot.take(timeout=_WAKE):
+            stop = self._stop_asked()
+            if stop is not None:
+                self._log.info("start_slot.left")
+                stop()
+                return False
+            self.ownership.check()
+        self.ownership.check()  # the wait may have outlasted the lease
+        return True
+
+    def _stop_asked(self) -> Callable[[], None] | None:
+        """What a cancel, a passed deadline or a drain asks the attempt to do now, in
+        that order of precedence; None while nothing does."""
+        if self.keeper.cancelled.is_set():
+            return self._abort
+        if self.keeper.past_deadline.is_set():
+            return self._abort_past_deadline
+        if self.hand_over.is_set():
+            return self._hand_over
+        return None
+
+    def _abort_past_deadline(self) -> None:
+        error = {"reason": "deadline-exceeded", "message": _DEADLINE}
+        self._abort(lifecycle.run_error(_DEADLINE, "deadline-exceeded"), RunStatus.FAILED, error)
 
     def _hand_over(self) -> None:
         """A drain's deadline passed (``HostBeacon``): stop driving and let the lease go

@@ -9,7 +9,9 @@ without a renewal for a whole lease (bench/turns_per_worker.py --fleet 500).
 So a turn takes a start slot before it spawns its agent and gives it back at the
 agent's first output, or after ``settle`` seconds (an agent that thinks before it
 speaks is started; it only has not spoken yet), or when the attempt ends, whichever
-comes first. At most ``start_concurrency`` turns of a process hold one.
+comes first. At most ``start_concurrency`` turns of a process hold one. A turn waits
+for one a short while at a time, so that a cancel, a deadline, a drain or a lost lease
+reaches it while it waits (``Attempt._take_start_slot``).
 """
 
 from __future__ import annotations
@@ -40,12 +42,15 @@ class StartSlot:
         self.held = False
         self.taken_at = 0.0
 
-    def take(self) -> None:
-        """Wait for a slot (a no-op while this turn holds one already)."""
+    def take(self, timeout: float | None = None) -> bool:
+        """Wait for a slot, at most ``timeout`` seconds (None: as long as it takes);
+        True once this turn holds one (at once when it held one already)."""
         if self.held:
-            return
-        self._slots.acquire()
+            return True
+        if not self._slots.acquire(timeout=timeout):
+            return False
         self.held, self.taken_at = True, time.monotonic()
+        return True
 
     def settled(self, *, spoke: bool) -> None:
         """Called as the turn follows its agent: give the slot back once it spoke or
