@@ -7,7 +7,8 @@ Both sides get 2 worker processes with 2 pool processes each, in one run; the
 ratio is ours / plain wall time (goal: at most 1.2). Then ours once more on the same
 2 worker processes with the threads pool and ``--threads`` turns each (a turn mostly
 waits on its agent: docs/architecture.md, "Many turns in one worker process"), against
-the same plain figure. Each side's line gives the whole machine's CPU per run over its
+the same plain figure. Then ours without its jail (the ``local`` provider), which
+says how much of the difference is the jail's. Each side's line gives the whole machine's CPU per run over its
 wall time (every process: workers, agents, jails, Postgres, Redis) and how busy that
 kept the machine: at 100% the side is bound by CPU, and the ratio is its CPU per run.
 
@@ -75,8 +76,8 @@ def timed(started: float, cpu_started: float) -> Timed:
     return Timed(time.monotonic() - started, cpu_seconds() - cpu_started)
 
 
-def ours(runs: int, threads: int | None = None) -> Timed:
-    with tempfile.TemporaryDirectory() as tmp, bench_fleet(Path(tmp)) as fleet:
+def ours(runs: int, threads: int | None = None, **overrides: str) -> Timed:
+    with tempfile.TemporaryDirectory() as tmp, bench_fleet(Path(tmp), **overrides) as fleet:
         for _ in range(WORKERS):
             if threads is None:
                 fleet.worker(CONCURRENCY)
@@ -174,6 +175,7 @@ def main() -> None:
     plain_s = plain(args.runs, base.require_redis_url())
     ours_s = ours(args.runs)
     threads_s = ours(args.runs, args.threads)
+    local_s = ours(args.runs, sandbox_provider="local")
     print(f"{args.runs} short scripted runs, {WORKERS} workers x {CONCURRENCY} processes each")
     print(f"plain Celery + XADD : {plain_s.line(args.runs)}")
     print(f"turnkeeper          : {ours_s.line(args.runs)}")
@@ -181,6 +183,9 @@ def main() -> None:
     print(f"turnkeeper, -P threads -c {args.threads} on the same {WORKERS} processes:")
     print(f"                      {threads_s.line(args.runs)}")
     print(f"ratio threads / plain: {threads_s.seconds / plain_s.seconds:.2f}")
+    print("turnkeeper without its jail (sandbox_provider=local; never for untrusted agents):")
+    print(f"                      {local_s.line(args.runs)}")
+    print(f"ratio no jail / plain: {local_s.seconds / plain_s.seconds:.2f}")
 
 
 if __name__ == "__main__":
