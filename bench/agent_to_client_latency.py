@@ -8,9 +8,10 @@ prints time.time_ns() on each line (one every 20 ms), so each client measures
 the latency of every line it receives. With 1 and with 200 clients on one run.
 
 Then the fleet's usual shape, each user watching their own run: 200 runs, and
-1,000 runs, with one client each, all on the one web process. No worker here can
-hold that many live turns (a turn holds a whole prefork process), so these runs'
-lines are appended to the fenced log as their owners would (``RunLog.append``,
+1,000 runs, with one client each, all on the one web process. These cases measure
+the web process, not the agents: 1,000 jailed agents and their turns on this
+machine's 2 cores would leave it no CPU to measure with (bench/turns_per_worker.py
+measures live turns). So these runs' lines are appended to the fenced log as their owners would (``RunLog.append``,
 one line per run every ``--fleet-gap`` seconds, stamped with time.time_ns()), by a
 few writer threads in a process of their own, once every client has a first,
 untimed chunk (as the plain readers are connected before their writers start);
