@@ -11,10 +11,12 @@ Then the fleet's usual shape, each user watching their own run: 200 runs, and
 1,000 runs, with one client each, all on the one web process. These cases measure
 the web process, not the agents: 1,000 jailed agents and their turns on this
 machine's 2 cores would leave it no CPU to measure with (bench/turns_per_worker.py
-measures live turns). So these runs' lines are appended to the fenced log as their owners would (``RunLog.append``,
-one line per run every ``--fleet-gap`` seconds, stamped with time.time_ns()), by a
-few writer threads in a process of their own, once every client has a first,
-untimed chunk (as the plain readers are connected before their writers start);
+measures live turns). So these runs' lines are appended to the fenced log as their
+owners would (``RunLog.append``, one line per run every ``--fleet-gap`` seconds,
+stamped with time.time_ns()), by a few writer threads in a process of their own,
+once every client has a first, untimed chunk (as the plain readers are connected
+before their writers start), and once the clients' collector is settled
+(``settle_clients_gc``);
 plain is the same writers XADDing to plain streams, one client per stream on XREAD
 BLOCK. Our clients are lean SSE readers on asyncio streams, as light as the plain
 path's redis-py readers, in this process with them. For each case:
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import multiprocessing
 import multiprocessing.process
 import os
@@ -197,6 +200,18 @@ async def plain(redis_url: str, lines: int, n: int) -> list[float]:
     return samples
 
 
+def settle_clients_gc() -> None:
+    """Once every client of a fleet case is connected, before its writers start: what
+    the connections made stays out of this process's later collections, as
+    ``turnkeeper web`` does for itself (``cli/web.py: settle_gc``). A full collection
+    here stalls every client at once, and times the harness, not the server: one of
+    258 ms in this process set the 1,000-run case's p99 (its web process collected
+    nothing over 5 ms meanwhile). Both paths' clients get the same; ``gc.unfreeze``
+    after the case."""
+    gc.collect()
+    gc.freeze()
+
+
 def rss_kb(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -313,6 +328,7 @@ def fleet_ours(  # noqa: PLR0917 - one call site
             for r in run_ids
         ]
         await asyncio.wait_for(all_open.wait(), 300)
+        settle_clients_gc()
         writers = start_writers(
             "ours", settings.require_redis_url(), settings.namespace, run_ids, lines, gap
         )
@@ -325,7 +341,10 @@ def fleet_ours(  # noqa: PLR0917 - one call site
             await asyncio.to_thread(log.close, run_id, 1)
         await asyncio.gather(*clients)
 
-    asyncio.run(scenario())
+    try:
+        asyncio.run(scenario())
+    finally:
+        gc.unfreeze()
     log.client.close()
     return samples, (measured["rss"] - before) / runs, measured["connections"]
 
@@ -342,8 +361,12 @@ async def fleet_plain(redis_url: str, runs: int, lines: int, gap: float) -> list
     readers = [asyncio.create_task(reader(k, e)) for k, e in zip(keys, readies, strict=True)]
     for ready in readies:
         await ready.wait()
-    writers = start_writers("plain", redis_url, "", keys, lines, gap)
-    await asyncio.to_thread(writers.join)
+    settle_clients_gc()
+    try:
+        writers = start_writers("plain", redis_url, "", keys, lines, gap)
+        await asyncio.to_thread(writers.join)
+    finally:
+        gc.unfreeze()
     assert writers.exitcode == 0, writers.exitcode
     sync = redis.Redis.from_url(redis_url)
     for key in keys:
