@@ -8,9 +8,10 @@ ratio is ours / plain wall time (goal: at most 1.2). Then ours once more on the 
 2 worker processes with the threads pool and ``--threads`` turns each (a turn mostly
 waits on its agent: docs/architecture.md, "Many turns in one worker process"), against
 the same plain figure. Then ours without its jail (the ``local`` provider), which
-says how much of the difference is the jail's. Each side's line gives the whole machine's CPU per run over its
-wall time (every process: workers, agents, jails, Postgres, Redis) and how busy that
-kept the machine: at 100% the side is bound by CPU, and the ratio is its CPU per run.
+says how much of the difference is the jail's. Each side's line gives the whole
+machine's CPU per run over its wall time (every process: workers, agents, jails,
+Postgres, Redis) and how busy that kept the machine: at 100% the side is bound by
+CPU, and the ratio is its CPU per run.
 
     .venv/bin/python bench/fleet_throughput.py [--runs 500] [--threads 4]
 """
