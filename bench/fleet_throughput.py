@@ -26,9 +26,10 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import psycopg
 import redis
 
@@ -52,11 +53,12 @@ def _settled(database_url: str) -> int:
 
 @dataclass
 class Timed:
-    """A side's wall time, and the whole machine's CPU over it (every process:
-    workers, agents, jails, Postgres, Redis), from /proc/stat."""
+    """A side's wall time, the whole machine's CPU over it (every process: workers,
+    agents, jails, Postgres, Redis; from /proc/stat), and where that CPU went."""
 
     seconds: float
     cpu_seconds: float
+    split: dict[str, float]
 
     def line(self, runs: int) -> str:
         busy = self.cpu_seconds / (self.seconds * (os.cpu_count() or 1))
@@ -64,6 +66,12 @@ class Timed:
             f"{self.seconds:7.1f}s  ({runs / self.seconds:6.1f} runs/s)  "
             f"CPU {self.cpu_seconds * 1000 / runs:5.0f} ms per run, machine {busy:4.0%} busy"
         )
+
+    def where(self, runs: int) -> str:
+        rest = self.cpu_seconds - sum(self.split.values())
+        parts = [*sorted(self.split.items(), key=lambda kv: -kv[1]), ("the rest", rest)]
+        shown = ", ".join(f"{name} {seconds * 1000 / runs:.0f}" for name, seconds in parts)
+        return f"  ms per run: {shown}"
 
 
 def cpu_seconds() -> float:
@@ -73,8 +81,66 @@ def cpu_seconds() -> float:
     return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def timed(started: float, cpu_started: float) -> Timed:
-    return Timed(time.monotonic() - started, cpu_seconds() - cpu_started)
+def _kind(process: psutil.Process) -> str:
+    name, cmdline = process.name(), " ".join(process.cmdline())
+    if process.pid == os.getpid():
+        return "submits"
+    if "postgres" in name:
+        return "Postgres"
+    if "redis" in name:
+        return "Redis"
+    if " worker" in cmdline and ("turnkeeper" in cmdline or "celery" in cmdline):
+        return "workers"
+    return "other processes"
+
+
+def _cpu_by_kind() -> dict[int, tuple[str, float, float]]:
+    """Each live process: its kind, its own CPU, and its reaped children's CPU."""
+    found = {}
+    for process in psutil.process_iter():
+        try:
+            with process.oneshot():
+                times = process.cpu_times()
+                found[process.pid] = (
+                    _kind(process),
+                    times.user + times.system,
+                    times.children_user + times.children_system,
+                )
+        except psutil.Error:
+            continue
+    return found
+
+
+_REAPED = {"workers": "reaped by workers", "Postgres": "Postgres"}
+"""Where the CPU of a process that exited is counted: a Postgres backend is Postgres."""
+
+
+@dataclass
+class CpuClock:
+    """Started before a side's runs are submitted, read once they all settled (before
+    its processes stop). A process that exited in between is counted in whoever reaped
+    it: plain's agents are reaped by its workers; ours' agents, jails and journal
+    writers are detached, and reaped by init (pid 1); ours' workers reap their short
+    sandbox commands (journal follow, liveness, size, cleanup). "submits" is this
+    process, "the rest" what no process here accounts for (the kernel's own threads,
+    processes started meanwhile)."""
+
+    started: float = field(default_factory=time.monotonic)
+    cpu_started: float = field(default_factory=cpu_seconds)
+    processes: dict[int, tuple[str, float, float]] = field(default_factory=_cpu_by_kind)
+
+    def read(self) -> Timed:
+        split: dict[str, float] = {}
+        for pid, (kind, own, reaped) in _cpu_by_kind().items():
+            if pid not in self.processes:
+                continue
+            _, own_before, reaped_before = self.processes[pid]
+            split[kind] = split.get(kind, 0.0) + own - own_before
+            reaper = {1: "reaped by init"}.get(pid, _REAPED.get(kind, "other processes"))
+            if reaped - reaped_before > 0:
+                split[reaper] = split.get(reaper, 0.0) + reaped - reaped_before
+        split = {kind: seconds for kind, seconds in split.items() if seconds > 0}
+        return Timed(time.monotonic() - self.started, cpu_seconds() - self.cpu_started, split)
 
 
 def ours(runs: int, threads: int | None = None, **overrides: str) -> Timed:
@@ -88,12 +154,12 @@ def ours(runs: int, threads: int | None = None, **overrides: str) -> Timed:
         client.submit(AGENT, "warm-up")  # workers up and warm before the clock starts
         while _settled(fleet.settings.require_database_url()) < 1:
             time.sleep(0.05)
-        started, cpu_started = time.monotonic(), cpu_seconds()
+        clock = CpuClock()
         for index in range(runs):
             client.submit(AGENT, f"run {index}")
         while _settled(fleet.settings.require_database_url()) < runs + 1:
             time.sleep(0.05)
-        elapsed = timed(started, cpu_started)
+        elapsed = clock.read()
         client.close()
         return elapsed
 
@@ -147,12 +213,12 @@ def plain(runs: int, redis_url: str) -> Timed:
         plain_tasks.run.apply_async(args=[argv, f"{prefix}:warm"])
         while int(client.get(done_key) or 0) < 1:
             time.sleep(0.05)
-        started, cpu_started = time.monotonic(), cpu_seconds()
+        clock = CpuClock()
         for index in range(runs):
             plain_tasks.run.apply_async(args=[argv, f"{prefix}:run:{index}"])
         while int(client.get(done_key) or 0) < runs + 1:
             time.sleep(0.05)
-        return timed(started, cpu_started)
+        return clock.read()
     finally:
         for proc in procs:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -179,13 +245,17 @@ def main() -> None:
     local_s = ours(args.runs, sandbox_provider="local")
     print(f"{args.runs} short scripted runs, {WORKERS} workers x {CONCURRENCY} processes each")
     print(f"plain Celery + XADD : {plain_s.line(args.runs)}")
+    print(plain_s.where(args.runs))
     print(f"turnkeeper          : {ours_s.line(args.runs)}")
+    print(ours_s.where(args.runs))
     print(f"ratio ours / plain  : {ours_s.seconds / plain_s.seconds:.2f}  (goal <= 1.2)")
     print(f"turnkeeper, -P threads -c {args.threads} on the same {WORKERS} processes:")
     print(f"                      {threads_s.line(args.runs)}")
+    print(threads_s.where(args.runs))
     print(f"ratio threads / plain: {threads_s.seconds / plain_s.seconds:.2f}")
     print("turnkeeper without its jail (sandbox_provider=local; never for untrusted agents):")
     print(f"                      {local_s.line(args.runs)}")
+    print(local_s.where(args.runs))
     print(f"ratio no jail / plain: {local_s.seconds / plain_s.seconds:.2f}")
 
 
