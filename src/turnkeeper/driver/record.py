@@ -261,6 +261,8 @@ class TurnRecorder:
             )
             if verdict is Verdict.NOT_OWNER:
                 self.ownership.lose("store-fenced")
+            if verdict is Verdict.WRONG_STATE:
+                self._catch_up(self.store.get_turn_slot(self.claim.run_id))
             if verdict is Verdict.DONE:
                 self._pending = None
                 if entries:
@@ -277,6 +279,16 @@ class TurnRecorder:
         self._commit_turn()
         if begin_next:
             self._begin_next_turn()
+
+    def _catch_up(self, slot: TurnSlot | None) -> None:
+        """Before the writes of a refused ``commit_turn`` are made one by one: count as
+        recorded what the slot holds, as this attempt's owner left it. A retry whose
+        first try committed (its reply lost) left the slot at the next turn, begun and
+        started: ``commit_turn_slot`` and the tool request's ``update_turn_phase`` ask
+        only for the phase, so made again they would land on that turn, committing it
+        at this turn's leaf while it runs."""
+        if slot is not None and slot.attempt_id == self.claim.attempt_id:
+            self._recorded = max(self._recorded, (slot.turn_index, _RANK[slot.phase]))
 
     def _commit_turn(self) -> None:
         self._write_pending()

@@ -1,0 +1,433 @@
+"""The merged writes (``claim_and_begin``, ``commit_turn``, ``append_segment``,
+``settle_run``) under attack, with real workers, Postgres and Redis.
+
+Three ways an owner can be stopped around one of them, for a run of two tool turns
+and a closing answer:
+
+- SIGKILLed at a line boundary of its agent's output, where a tool request waits in
+  memory for the next write, or just after a turn's merged commit began the next turn;
+- frozen (SIGSTOP) there past its lease and woken after a takeover: each of its
+  writes is refused and it appends nothing to the log;
+- the reply of a merged write lost after the write committed (``ReplyCutter``, a
+  proxy in front of Postgres that drops the connection once the server answered): the
+  retry is refused for its state and the owner goes on, making nothing twice.
+
+Each time the whole log is the crash-free oracle element by element and the
+transcript holds each turn once.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from tests.driver.fleet import (
+    FAST,
+    Fleet,
+    chunks_while_held,
+    expected_log,
+    held_agent,
+    release_held,
+    wait_held,
+)
+from tests.driver.test_settle_window import _wait_marker
+from tests.driver.test_takeover import _attempts
+from turnkeeper.config import Settings
+from turnkeeper.store.records import Run, RunStatus, TurnPhase, TurnSlot
+from turnkeeper.workers.failpoints import release
+
+AGENT: dict[str, Any] = {"preset": "scripted", "turns": 2, "pace": 0.02, "seed": 7}
+PROMPT = "two tools, then an answer"
+# Line boundaries of AGENT's output (tests/agents: the scripted agent's lines), by
+# what the owner has done once it consumed that line.
+TOOL_REQUEST_PENDING = {0: 19, 1: 40}  # a tool call ended: its request not written yet
+TURN_COMMITTED = {0: 22, 1: 43}  # the tool's result: the turn committed, the next begun
+MID_TURN = {0: 9, 1: 30, 2: 50}  # text streaming inside a turn
+
+
+def _agent_package() -> str:
+    """Where an agent's interpreter, with no PYTHONPATH (the jail passes none), imports
+    turnkeeper from: a worktree's tests import their own, the agent the installed one."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    found = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import turnkeeper, os; print(os.path.dirname(turnkeeper.__file__))",
+        ],
+        env=env,
+        cwd="/",
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return found.stdout.strip()
+
+
+def _fleet(settings: Settings, tmp_path: Path, **overrides: Any) -> Fleet:
+    binds = ",".join(dict.fromkeys([*FAST["sandbox_ro_binds"].split(","), _agent_package()]))
+    return Fleet.create(settings, tmp_path / "logs", sandbox_ro_binds=binds, **overrides)
+
+
+# --- the oracle -------------------------------------------------------------------------
+
+
+def _assert_log_is_oracle(fleet: Fleet, run: Run, tmp_path: Path) -> None:
+    stored = fleet.log_of(run.run_id)
+    assert [seq for seq, _ in stored] == list(range(1, len(stored) + 1))
+    oracle = expected_log(run.run_id, run.session_id, AGENT, PROMPT, tmp_path / "oracle")
+    assert [chunk for _, chunk in stored] == oracle
+
+
+def _assert_transcript_once(fleet: Fleet, run: Run) -> None:
+    ids = [entry.entry_id for entry in fleet.client.transcript(run.session_id)]
+    expected = [f"{run.run_id}/input"]
+    for turn in range(AGENT["turns"]):
+        expected += [f"{run.run_id}/turn-{turn}/assistant", f"{run.run_id}/turn-{turn}/tools"]
+    expected.append(f"{run.run_id}/turn-{AGENT['turns']}/assistant")
+    assert ids == expected
+
+
+def _assert_finished_once(fleet: Fleet, run: Run, tmp_path: Path, *, epoch: int) -> None:
+    done = fleet.wait_settled(run.run_id, timeout=180)
+    assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
+    assert (done.epoch, done.attempt_count) == (epoch, epoch), fleet.dump_logs()
+    history = _attempts(fleet.settings.require_database_url(), run.run_id)
+    assert history == [(1, "superseded")] * (epoch - 1) + [(epoch, "completed")]
+    _assert_log_is_oracle(fleet, done, tmp_path)
+    _assert_transcript_once(fleet, done)
+    _assert_last_turn_committed(fleet, done)
+
+
+def _assert_last_turn_committed(fleet: Fleet, run: Run) -> None:
+    slot = fleet.client.store.get_turn_slot(run.run_id)
+    assert slot is not None
+    last = AGENT["turns"]
+    assert (slot.turn_index, slot.phase, slot.committed_leaf_id) == (
+        last,
+        TurnPhase.COMMITTED,
+        f"{run.run_id}/turn-{last}/assistant",
+    )
+
+
+def _held_at(fleet: Fleet, tmp_path: Path, lines: int) -> tuple[Run, str]:
+    """Submit AGENT held after ``lines`` lines; return once the owner showed them all."""
+    token = uuid.uuid4().hex
+    run = fleet.client.submit(held_agent(AGENT, token, lines), PROMPT)
+    wait_held(token)
+    shown = chunks_while_held(run.run_id, AGENT, PROMPT, lines, tmp_path / "held")
+    fleet.wait_chunks(run.run_id, shown)
+    assert len(fleet.log_of(run.run_id)) == shown
+    return fleet.client.require(run.run_id), token
+
+
+# --- 1. SIGKILL at the merged writes' line boundaries ------------------------------------
+
+KILL_POINTS = {
+    "turn-0-tool-request-pending": TOOL_REQUEST_PENDING[0],
+    "turn-0-committed": TURN_COMMITTED[0],
+    "turn-1-streaming": MID_TURN[1],
+    "turn-1-tool-request-pending": TOOL_REQUEST_PENDING[1],
+    "turn-1-committed": TURN_COMMITTED[1],
+    "closing-turn-streaming": MID_TURN[2],
+}
+
+
+@pytest.mark.parametrize("lines", list(KILL_POINTS.values()), ids=list(KILL_POINTS))
+def test_sigkill_at_a_merged_write_boundary_of_a_two_tool_run(
+    settings: Settings, tmp_path: Path, lines: int
+) -> None:
+    """The owner dies with a tool request held for the next write, or just after a
+    merged commit: the successor replays from byte 0 and nothing is lost or doubled."""
+    fleet = _fleet(settings, tmp_path)
+    token = ""
+    try:
+        fleet.start_pair()
+        owned, token = _held_at(fleet, tmp_path, lines)
+        fleet.signal_worker_of(owned, signal.SIGKILL)
+        release_held(token)
+        _assert_finished_once(fleet, owned, tmp_path, epoch=2)
+    finally:
+        if token:
+            release_held(token)
+        fleet.stop()
+
+
+# --- 2. a zombie owner between its fence and its next merged write ----------------------
+
+
+Settled = tuple[list[Any], list[Any], TurnSlot | None]
+
+
+def _settled_by_successor(fleet: Fleet, frozen: Run) -> Settled:
+    """With the owner frozen: the successor finishes the run; what it left."""
+    done = fleet.wait_settled(frozen.run_id, timeout=180)
+    assert (done.status, done.epoch) == (RunStatus.COMPLETED, 2), fleet.dump_logs()
+    assert fleet.events("attempt.stopped", needle=frozen.attempt_id or "") == []
+    return (
+        fleet.log_of(frozen.run_id),
+        fleet.client.transcript(frozen.session_id),
+        fleet.client.store.get_turn_slot(frozen.run_id),
+    )
+
+
+def _assert_zombie_changed_nothing(
+    fleet: Fleet, frozen: Run, settled: Settled, tmp_path: Path
+) -> None:
+    (event,) = fleet.wait_events(
+        "attempt.stopped", needle=frozen.attempt_id or "", files="worker-*.log"
+    )
+    assert event["epoch"] == 1
+    assert event["reason"] in ("store-fenced", "log-fenced", "lease-lost"), event
+    assert (
+        fleet.log_of(frozen.run_id),
+        fleet.client.transcript(frozen.session_id),
+        fleet.client.store.get_turn_slot(frozen.run_id),
+    ) == settled
+    _assert_finished_once(fleet, frozen, tmp_path, epoch=2)
+
+
+@pytest.mark.parametrize("lines", [TOOL_REQUEST_PENDING[1], TURN_COMMITTED[0]])
+def test_a_zombie_woken_with_a_write_due_is_refused(
+    settings: Settings, tmp_path: Path, lines: int
+) -> None:
+    """Frozen with a tool request held for its next segment (or just after a merged
+    commit), woken after the successor finished: refused, nothing appended."""
+    fleet = _fleet(settings, tmp_path)
+    pgid: int | None = None
+    token = ""
+    try:
+        fleet.start_pair()
+        owned, token = _held_at(fleet, tmp_path, lines)
+        pgid = fleet.signal_worker_of(owned, signal.SIGSTOP)
+        release_held(token)  # the agent goes on: the successor attaches to it
+        settled = _settled_by_successor(fleet, owned)
+        os.killpg(pgid, signal.SIGCONT)
+        pgid = None
+        _assert_zombie_changed_nothing(fleet, owned, settled, tmp_path)
+    finally:
+        if pgid is not None:
+            os.killpg(pgid, signal.SIGCONT)
+        if token:
+            release_held(token)
+        fleet.stop()
+
+
+@pytest.mark.parametrize("point", ["after-sentinel", "sentinel-stored"])
+def test_a_zombie_paused_around_its_sentinel_is_refused(
+    settings: Settings, tmp_path: Path, point: str
+) -> None:
+    """Paused (and frozen) before or after storing its sentinel, the last turn not
+    committed: woken after the successor finished, its sentinel append, commit and
+    settle are refused, and it appends nothing to the log."""
+    fleet = _fleet(settings, tmp_path, failpoints=f"{point}=pause")
+    pgid: int | None = None
+    try:
+        fleet.start_pair()
+        run = fleet.client.submit(AGENT, PROMPT)
+        _wait_marker(fleet, point)
+        owned = fleet.client.require(run.run_id)
+        pgid = fleet.signal_worker_of(owned, signal.SIGSTOP)
+        release(fleet.settings, point)
+        settled = _settled_by_successor(fleet, owned)
+        os.killpg(pgid, signal.SIGCONT)
+        pgid = None
+        _assert_zombie_changed_nothing(fleet, owned, settled, tmp_path)
+    finally:
+        if pgid is not None:
+            os.killpg(pgid, signal.SIGCONT)
+        fleet.stop()
+
+
+# --- 3. a merged write whose reply was lost ---------------------------------------------
+
+
+class ReplyCutter:
+    """A TCP proxy in front of Postgres that, for the ``nth`` request (the client's
+    bytes between two answers) that ``matches``, forwards the request, waits until the
+    server said it is ready for the next one (``ReadyForQuery``: the statement ran and
+    committed), and then ends both connections instead of forwarding the answer.
+
+    What a connection dropped right after a commit does to its client: the write is
+    made, its reply lost, and the client retries it."""
+
+    def __init__(self, upstream: str, matches: Callable[[bytes], bool], nth: int = 1) -> None:
+        parts = urlsplit(upstream)
+        self.upstream = (parts.hostname or "127.0.0.1", parts.port or 5432)
+        self.matches = matches
+        self.nth = nth
+        self.seen = 0
+        self.cut = threading.Event()
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        port = self._listener.getsockname()[1]
+        query = "sslmode=disable&gssencmode=disable"
+        netloc = f"{parts.username}@127.0.0.1:{port}" if parts.username else f"127.0.0.1:{port}"
+        self.url = urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+        self._closed = False
+
+    def start(self) -> ReplyCutter:
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
+
+    def _pump(self, client: socket.socket, server: socket.socket) -> None:
+        request = bytearray()
+        answer = bytearray()  # the server's bytes not yet split into messages
+        counted = cutting = False
+        try:
+            while True:
+                ready, _, _ = select.select([client, server], [], [])
+                if client in ready:
+                    data = client.recv(65536)
+                    if not data:
+                        return
+                    request += data
+                    if not counted and self.matches(bytes(request)):
+                        counted = True
+                        with self._lock:
+                            self.seen += 1
+                            cutting = self.seen == self.nth
+                    server.sendall(data)
+                if server in ready:
+                    data = server.recv(65536)
+                    if not data:
+                        return
+                    answer += data
+                    if cutting:
+                        if _ready_for_query(answer):
+                            self.cut.set()
+                            return  # the answer is never forwarded
+                        continue
+                    client.sendall(data)
+                    if _ready_for_query(answer):
+                        request.clear()
+                        counted = False
+                    del answer[: _whole_messages(answer)]
+        except OSError:
+            return
+        finally:
+            client.close()
+            server.close()
+
+
+def _messages(buffer: bytes | bytearray) -> Iterator[tuple[int, int]]:
+    """The backend messages wholly in ``buffer``: (type byte, end offset)."""
+    at = 0
+    while at + 5 <= len(buffer):
+        (length,) = struct.unpack_from("!I", buffer, at + 1)
+        if at + 1 + length > len(buffer):
+            return
+        yield buffer[at], at + 1 + length
+        at += 1 + length
+
+
+def _ready_for_query(buffer: bytes | bytearray) -> bool:
+    return any(kind == ord("Z") for kind, _ in _messages(buffer))
+
+
+def _whole_messages(buffer: bytes | bytearray) -> int:
+    end = 0
+    for _, end in _messages(buffer):  # noqa: B007 - the last one's end
+        pass
+    return end
+
+
+def _statement(marker: bytes) -> Callable[[bytes], bool]:
+    return lambda request: marker in request
+
+
+COMMIT_TURN = _statement(b"open_turn AS")  # only store.queries.COMMIT_TURN says this
+SETTLE_RUN = _statement(b"agent_session_id = COALESCE")  # only SETTLE_RUN
+
+
+def _cut_fleet(settings: Settings, tmp_path: Path, cutter: ReplyCutter) -> Fleet:
+    return _fleet(settings.model_copy(update={"database_url": cutter.url}), tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("nth", "held_in"),
+    [(1, MID_TURN[1]), (2, MID_TURN[2]), (3, None)],
+    ids=["turn-0-commit", "turn-1-commit", "last-commit"],
+)
+def test_a_commit_turn_whose_reply_was_lost_is_made_once(
+    settings: Settings, tmp_path: Path, nth: int, held_in: int | None
+) -> None:
+    """The ``nth`` merged commit commits and its reply is lost; the retry is refused
+    for its state (WRONG_STATE), and the owner goes on without writing anything of
+    that commit again: the next turn's slot stays begun and started (not committed in
+    the lost commit's place), the log and transcript are the crash-free ones."""
+    cutter = ReplyCutter(settings.require_database_url(), COMMIT_TURN, nth).start()
+    fleet = _cut_fleet(settings, tmp_path, cutter)
+    token = ""
+    try:
+        fleet.start_worker()
+        fleet.start_beat()
+        if held_in is None:
+            run = fleet.client.submit(AGENT, PROMPT)
+        else:
+            run, token = _held_at(fleet, tmp_path, held_in)
+            assert cutter.cut.is_set(), fleet.dump_logs()
+            slot = fleet.client.store.get_turn_slot(run.run_id)
+            assert slot is not None
+            assert (slot.turn_index, slot.phase, slot.committed_leaf_id) == (
+                nth,
+                TurnPhase.PROVIDER_STARTED,
+                None,
+            ), slot
+            release_held(token)
+        _assert_finished_once(fleet, run, tmp_path, epoch=1)
+        assert cutter.cut.is_set()
+        retried = fleet.events("service.retrying", files="worker-*.log")
+        assert [e["error"].split(":")[0] for e in retried] == ["commit_turn"], retried
+    finally:
+        if token:
+            release_held(token)
+        fleet.stop()
+        cutter.close()
+
+
+def test_a_settle_whose_reply_was_lost_ends_the_run_once(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The settle commits, its reply is lost; the retry finds the run settled by this
+    attempt (WRONG_STATE) and the owner appends the final chunk once."""
+    cutter = ReplyCutter(settings.require_database_url(), SETTLE_RUN).start()
+    fleet = _cut_fleet(settings, tmp_path, cutter)
+    try:
+        fleet.start_worker()
+        fleet.start_beat()
+        run = fleet.client.submit(AGENT, PROMPT)
+        _assert_finished_once(fleet, run, tmp_path, epoch=1)
+        assert cutter.cut.is_set()
+        retried = fleet.events("service.retrying", files="worker-*.log")
+        assert [e["error"].split(":")[0] for e in retried] == ["settle_run"], retried
+    finally:
+        fleet.stop()
+        cutter.close()
