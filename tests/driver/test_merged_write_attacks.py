@@ -25,18 +25,24 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import psycopg
 import pytest
 
 from tests.driver.fleet import (
     FAST,
     Fleet,
+    _output_lines,
     chunks_while_held,
     expected_log,
     held_agent,
@@ -44,18 +50,50 @@ from tests.driver.fleet import (
     wait_held,
 )
 from tests.driver.test_settle_window import _wait_marker
-from tests.driver.test_takeover import _attempts
+from tests.driver.test_takeover import _assert_segments_whole, _attempts
+from turnkeeper.agents.spec import AgentSpec
+from turnkeeper.agents.translator import translator_for
 from turnkeeper.config import Settings
 from turnkeeper.store.records import Run, RunStatus, TurnPhase, TurnSlot
 from turnkeeper.workers.failpoints import release
 
 AGENT: dict[str, Any] = {"preset": "scripted", "turns": 2, "pace": 0.02, "seed": 7}
 PROMPT = "two tools, then an answer"
-# Line boundaries of AGENT's output (tests/agents: the scripted agent's lines), by
-# what the owner has done once it consumed that line.
-TOOL_REQUEST_PENDING = {0: 19, 1: 40}  # a tool call ended: its request not written yet
-TURN_COMMITTED = {0: 22, 1: 43}  # the tool's result: the turn committed, the next begun
-MID_TURN = {0: 9, 1: 30, 2: 50}  # text streaming inside a turn
+
+
+@dataclass(frozen=True)
+class Lines:
+    """Where AGENT's output (for PROMPT) crosses a turn's boundaries: per turn, the
+    line of its first ``TOOL_CALL_END`` (the tool request: recorded with the owner's
+    next write), of the ``TOOL_CALL_RESULT`` that completes it (the merged commit), and
+    one in the middle of its text."""
+
+    tool_end: list[int]
+    tool_result: list[int]
+    mid_text: list[int]
+
+
+@cache
+def _lines() -> Lines:
+    spec = AgentSpec.from_payload(AGENT)
+    translator = translator_for(spec.format, "lines")
+    texts: dict[int, list[int]] = {}
+    found = Lines([], [], [])
+    with tempfile.TemporaryDirectory() as workdir:
+        output = _output_lines(spec, PROMPT, Path(workdir))
+    for number, line in enumerate(output, start=1):
+        kinds = [chunk["type"] for chunk in translator.feed(line)]
+        turn = len(found.tool_result)
+        if "TOOL_CALL_END" in kinds and len(found.tool_end) == turn:
+            found.tool_end.append(number)
+        if "TOOL_CALL_RESULT" in kinds:
+            found.tool_result.append(number)
+        if "TEXT_MESSAGE_CONTENT" in kinds:
+            texts.setdefault(turn, []).append(number)
+    found.mid_text.extend(numbers[len(numbers) // 2] for _, numbers in sorted(texts.items()))
+    assert len(found.tool_result) == AGENT["turns"] == len(found.tool_end)
+    assert len(found.mid_text) == AGENT["turns"] + 1
+    return found
 
 
 def _agent_package() -> str:
@@ -110,6 +148,7 @@ def _assert_finished_once(fleet: Fleet, run: Run, tmp_path: Path, *, epoch: int)
     assert history == [(1, "superseded")] * (epoch - 1) + [(epoch, "completed")]
     _assert_log_is_oracle(fleet, done, tmp_path)
     _assert_transcript_once(fleet, done)
+    _assert_segments_whole(fleet, done)
     _assert_last_turn_committed(fleet, done)
 
 
@@ -137,27 +176,51 @@ def _held_at(fleet: Fleet, tmp_path: Path, lines: int) -> tuple[Run, str]:
 
 # --- 1. SIGKILL at the merged writes' line boundaries ------------------------------------
 
-KILL_POINTS = {
-    "turn-0-tool-request-pending": TOOL_REQUEST_PENDING[0],
-    "turn-0-committed": TURN_COMMITTED[0],
-    "turn-1-streaming": MID_TURN[1],
-    "turn-1-tool-request-pending": TOOL_REQUEST_PENDING[1],
-    "turn-1-committed": TURN_COMMITTED[1],
-    "closing-turn-streaming": MID_TURN[2],
+STARTED, RECORDED = TurnPhase.PROVIDER_STARTED, TurnPhase.TOOL_REQUEST_RECORDED
+Point = tuple[str, int, int]
+"""A line of AGENT's output: a field of ``Lines``, a turn, and lines after it."""
+KILL_POINTS: dict[str, tuple[Point, tuple[int, TurnPhase]]] = {
+    # name: (the last line shown, the slot as the owner leaves it there)
+    "turn-0-tool-request-pending": (("tool_end", 0, 0), (0, STARTED)),
+    "turn-0-committed": (("tool_result", 0, 0), (1, STARTED)),
+    "turn-1-streaming": (("mid_text", 1, 0), (1, STARTED)),
+    "turn-1-tool-request-pending": (("tool_end", 1, 0), (1, STARTED)),
+    "turn-1-tool-request-recorded": (("tool_end", 1, 2), (1, RECORDED)),
+    "turn-1-committed": (("tool_result", 1, 0), (2, STARTED)),
+    "closing-turn-streaming": (("mid_text", 2, 0), (2, STARTED)),
 }
 
 
-@pytest.mark.parametrize("lines", list(KILL_POINTS.values()), ids=list(KILL_POINTS))
+def _line(point: Point) -> int:
+    field_name, turn, after = point
+    numbers: list[int] = getattr(_lines(), field_name)
+    return numbers[turn] + after
+
+
+def _wait_slot(fleet: Fleet, run: Run, position: tuple[int, TurnPhase]) -> TurnSlot:
+    """Until the owner's slot writes for what it showed are made (a hang guard): the
+    chunks go to the log before the turn's commit that they complete."""
+    deadline = time.monotonic() + 60
+    while True:
+        slot = fleet.client.store.get_turn_slot(run.run_id)
+        if slot is not None and (slot.turn_index, slot.phase) == position:
+            return slot
+        assert time.monotonic() < deadline, (slot and (slot.turn_index, slot.phase), position)
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize(("point", "slot"), list(KILL_POINTS.values()), ids=list(KILL_POINTS))
 def test_sigkill_at_a_merged_write_boundary_of_a_two_tool_run(
-    settings: Settings, tmp_path: Path, lines: int
+    settings: Settings, tmp_path: Path, point: Point, slot: tuple[int, TurnPhase]
 ) -> None:
-    """The owner dies with a tool request held for the next write, or just after a
-    merged commit: the successor replays from byte 0 and nothing is lost or doubled."""
+    """The owner dies with a tool request held for its next write, or just after a
+    merged write: the successor replays from byte 0, nothing lost or doubled."""
     fleet = _fleet(settings, tmp_path)
     token = ""
     try:
         fleet.start_pair()
-        owned, token = _held_at(fleet, tmp_path, lines)
+        owned, token = _held_at(fleet, tmp_path, _line(point))
+        _wait_slot(fleet, owned, slot)
         fleet.signal_worker_of(owned, signal.SIGKILL)
         release_held(token)
         _assert_finished_once(fleet, owned, tmp_path, epoch=2)
@@ -170,7 +233,7 @@ def test_sigkill_at_a_merged_write_boundary_of_a_two_tool_run(
 # --- 2. a zombie owner between its fence and its next merged write ----------------------
 
 
-Settled = tuple[list[Any], list[Any], TurnSlot | None]
+Settled = tuple[list[Any], list[Any], TurnSlot | None, list[tuple[int, int]]]
 
 
 def _settled_by_successor(fleet: Fleet, frozen: Run) -> Settled:
@@ -182,7 +245,19 @@ def _settled_by_successor(fleet: Fleet, frozen: Run) -> Settled:
         fleet.log_of(frozen.run_id),
         fleet.client.transcript(frozen.session_id),
         fleet.client.store.get_turn_slot(frozen.run_id),
+        _segments(fleet, frozen),
     )
+
+
+def _segments(fleet: Fleet, run: Run) -> list[tuple[int, int]]:
+    """The run's stored journal bytes, as (byte_start, byte_end) per segment."""
+    with psycopg.connect(fleet.settings.require_database_url()) as conn:
+        rows = conn.execute(
+            "SELECT byte_start, byte_end FROM segments WHERE run_id = %s"
+            " ORDER BY journal_key, byte_start",
+            (run.run_id,),
+        ).fetchall()
+    return [(row[0], row[1]) for row in rows]
 
 
 def _assert_zombie_changed_nothing(
@@ -197,13 +272,16 @@ def _assert_zombie_changed_nothing(
         fleet.log_of(frozen.run_id),
         fleet.client.transcript(frozen.session_id),
         fleet.client.store.get_turn_slot(frozen.run_id),
+        _segments(fleet, frozen),
     ) == settled
     _assert_finished_once(fleet, frozen, tmp_path, epoch=2)
 
 
-@pytest.mark.parametrize("lines", [TOOL_REQUEST_PENDING[1], TURN_COMMITTED[0]])
+@pytest.mark.parametrize(
+    "point", ["turn-1-tool-request-pending", "turn-0-committed"], ids=lambda name: name
+)
 def test_a_zombie_woken_with_a_write_due_is_refused(
-    settings: Settings, tmp_path: Path, lines: int
+    settings: Settings, tmp_path: Path, point: str
 ) -> None:
     """Frozen with a tool request held for its next segment (or just after a merged
     commit), woken after the successor finished: refused, nothing appended."""
@@ -212,7 +290,9 @@ def test_a_zombie_woken_with_a_write_due_is_refused(
     token = ""
     try:
         fleet.start_pair()
-        owned, token = _held_at(fleet, tmp_path, lines)
+        line, slot = KILL_POINTS[point]
+        owned, token = _held_at(fleet, tmp_path, _line(line))
+        _wait_slot(fleet, owned, slot)
         pgid = fleet.signal_worker_of(owned, signal.SIGSTOP)
         release_held(token)  # the agent goes on: the successor attaches to it
         settled = _settled_by_successor(fleet, owned)
@@ -373,11 +453,11 @@ def _cut_fleet(settings: Settings, tmp_path: Path, cutter: ReplyCutter) -> Fleet
 
 @pytest.mark.parametrize(
     ("nth", "held_in"),
-    [(1, MID_TURN[1]), (2, MID_TURN[2]), (3, None)],
+    [(1, ("mid_text", 1, 0)), (2, ("mid_text", 2, 0)), (3, None)],
     ids=["turn-0-commit", "turn-1-commit", "last-commit"],
 )
 def test_a_commit_turn_whose_reply_was_lost_is_made_once(
-    settings: Settings, tmp_path: Path, nth: int, held_in: int | None
+    settings: Settings, tmp_path: Path, nth: int, held_in: Point | None
 ) -> None:
     """The ``nth`` merged commit commits and its reply is lost; the retry is refused
     for its state (WRONG_STATE), and the owner goes on without writing anything of
@@ -392,7 +472,7 @@ def test_a_commit_turn_whose_reply_was_lost_is_made_once(
         if held_in is None:
             run = fleet.client.submit(AGENT, PROMPT)
         else:
-            run, token = _held_at(fleet, tmp_path, held_in)
+            run, token = _held_at(fleet, tmp_path, _line(held_in))
             assert cutter.cut.is_set(), fleet.dump_logs()
             slot = fleet.client.store.get_turn_slot(run.run_id)
             assert slot is not None
