@@ -23,8 +23,6 @@ import select
 import signal
 import socket
 import struct
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -40,7 +38,6 @@ import psycopg
 import pytest
 
 from tests.driver.fleet import (
-    FAST,
     Fleet,
     _output_lines,
     chunks_while_held,
@@ -94,31 +91,6 @@ def _lines() -> Lines:
     assert len(found.tool_result) == AGENT["turns"] == len(found.tool_end)
     assert len(found.mid_text) == AGENT["turns"] + 1
     return found
-
-
-def _agent_package() -> str:
-    """Where an agent's interpreter, with no PYTHONPATH (the jail passes none), imports
-    turnkeeper from: a worktree's tests import their own, the agent the installed one."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    found = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import turnkeeper, os; print(os.path.dirname(turnkeeper.__file__))",
-        ],
-        env=env,
-        cwd="/",
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    return found.stdout.strip()
-
-
-def _fleet(settings: Settings, tmp_path: Path, **overrides: Any) -> Fleet:
-    binds = ",".join(dict.fromkeys([*FAST["sandbox_ro_binds"].split(","), _agent_package()]))
-    return Fleet.create(settings, tmp_path / "logs", sandbox_ro_binds=binds, **overrides)
 
 
 # --- the oracle -------------------------------------------------------------------------
@@ -215,7 +187,7 @@ def test_sigkill_at_a_merged_write_boundary_of_a_two_tool_run(
 ) -> None:
     """The owner dies with a tool request held for its next write, or just after a
     merged write: the successor replays from byte 0, nothing lost or doubled."""
-    fleet = _fleet(settings, tmp_path)
+    fleet = Fleet.create(settings, tmp_path / "logs")
     token = ""
     try:
         fleet.start_pair()
@@ -285,7 +257,7 @@ def test_a_zombie_woken_with_a_write_due_is_refused(
 ) -> None:
     """Frozen with a tool request held for its next segment (or just after a merged
     commit), woken after the successor finished: refused, nothing appended."""
-    fleet = _fleet(settings, tmp_path)
+    fleet = Fleet.create(settings, tmp_path / "logs")
     pgid: int | None = None
     token = ""
     try:
@@ -314,7 +286,7 @@ def test_a_zombie_paused_around_its_sentinel_is_refused(
     """Paused (and frozen) before or after storing its sentinel, the last turn not
     committed: woken after the successor finished, its sentinel append, commit and
     settle are refused, and it appends nothing to the log."""
-    fleet = _fleet(settings, tmp_path, failpoints=f"{point}=pause")
+    fleet = Fleet.create(settings, tmp_path / "logs", failpoints=f"{point}=pause")
     pgid: int | None = None
     try:
         fleet.start_pair()
@@ -448,7 +420,7 @@ SETTLE_RUN = _statement(b"agent_session_id = COALESCE")  # only SETTLE_RUN
 
 
 def _cut_fleet(settings: Settings, tmp_path: Path, cutter: ReplyCutter) -> Fleet:
-    return _fleet(settings.model_copy(update={"database_url": cutter.url}), tmp_path)
+    return Fleet.create(settings.model_copy(update={"database_url": cutter.url}), tmp_path / "logs")
 
 
 @pytest.mark.parametrize(
