@@ -50,6 +50,7 @@ DEFAULT_TIMING: dict[str, Any] = {
     name: Settings.model_fields[name].default
     for name in ("lease_ttl", "heartbeat_interval", "reconcile_interval", "requeue_after")
 }
+_JSON = json.JSONDecoder()
 CELERY_QUIET = ["--without-mingle", "--without-gossip", "--without-heartbeat"]
 
 
@@ -166,8 +167,8 @@ class Fleet:
             for line in path.read_text(errors="replace").splitlines():
                 if not line.startswith("{") or needle not in line:
                     continue
-                try:
-                    record = json.loads(line)
+                try:  # a line may run on into another writer's (Celery's, on stdout)
+                    record, _ = _JSON.raw_decode(line)
                 except ValueError:  # a line cut by a SIGKILL
                     continue
                 if record.get("event") in names and run_id in (None, record.get("run_id")):
