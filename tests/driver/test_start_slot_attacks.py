@@ -3,12 +3,13 @@ real worker processes on one slot (``start_concurrency=1``): a slot that is neve
 back starts nothing more in its process, so every later run there hangs.
 
 Every ending a turn can reach after taking its slot is followed by a run that must
-still start; turns that wait for the slot are SIGKILLed and drained with it, and each
-is then run exactly once by a successor: whole logs against the oracle, attempts,
-journals and agent starts counted."""
+still start; turns that wait for the slot are SIGKILLed, drained and frozen past their
+lease with it, and each is then run exactly once by a successor: whole logs against
+the oracle, attempts, journals and agent starts counted."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -26,7 +27,9 @@ from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
 from turnkeeper.driver import lifecycle
 from turnkeeper.driver.placement import NEVER_STARTED, Placement
+from turnkeeper.sandbox.codec import encode_run_id
 from turnkeeper.store.records import Run, RunStatus
+from turnkeeper.store.session import store_session_name
 from turnkeeper.workers.failpoints import marker, release
 
 SCRIPTED: dict[str, Any] = {"preset": "scripted", "turns": 2, "pace": 0.02, "seed": 7}
@@ -297,3 +300,110 @@ def test_a_drain_hands_over_a_turn_waiting_for_the_slot_and_it_runs_once(
             drain.kill()
             drain.wait(30)
         host.stop()
+
+
+# --- a turn frozen in the wait past its lease ------------------------------------------
+
+
+def _blocked_behind(fleet: Fleet, backend: int, owner: str) -> int:
+    """How many store sessions of the worker process ``owner`` wait for a lock that
+    session ``backend`` holds."""
+    with psycopg.connect(fleet.settings.require_database_url(), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name = %s AND %s = ANY(pg_blocking_pids(pid))",
+            (store_session_name(owner), backend),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_turn_frozen_while_waiting_for_the_slot_starts_no_agent_when_it_wakes(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """One slot, held by a run paused before its spawn; a run of a named session waits
+    for it. The worker is frozen (SIGSTOP) past both leases and a successor runs both to
+    the end; the session's workspace stays, its journal files removed. The worker is
+    woken with the holder let go while no run row can be written (the test locks the
+    table), so no heartbeat of the woken process can learn its lease is gone: a turn
+    that takes the slot must ask the store whether its lease outlasted the wait before
+    it starts anything. No agent is started again in the workspace, and the logs,
+    attempts and journals are the successor's alone."""
+    fleet = Fleet.create(
+        settings, tmp_path / "logs", start_concurrency=1, failpoints="before-spawn=pause"
+    )
+    frozen: int | None = None
+    try:
+        fleet.start_worker(2, pool="threads")
+        fleet.start_beat()
+        fleet.wait_ready()
+        holder = fleet.client.submit(SCRIPTED, "hold the slot")
+        _wait_for(fleet, "at before-spawn", marker(fleet.settings, "before-spawn").exists)
+        waiter = fleet.client.submit(SCRIPTED, "wait behind it", session_id="kept-workspace")
+        _waiting(fleet, waiter.run_id)
+        frozen = fleet.signal_worker_of(fleet.client.require(waiter.run_id), signal.SIGSTOP)
+        fleet.start_worker(2, pool="threads")
+        prompts = {holder.run_id: "hold the slot", waiter.run_id: "wait behind it"}
+        settled = {run_id: _settled(fleet, run_id) for run_id in prompts}
+        logs = {run_id: _chunks(fleet, run_id) for run_id in prompts}
+        workspace = Placement.of(settled[waiter.run_id]).journals[0].handle.paths.directory
+        assert _run_files(workspace, waiter.run_id) == []  # removed at the settle
+
+        (_, _, stale_owner), _ = _attempt_owners(fleet, waiter.run_id)
+        with psycopg.connect(fleet.settings.require_database_url()) as lock:
+            # No run row can be written while it is held; the runs can be read.
+            lock.execute("LOCK TABLE runs IN SHARE MODE")
+            release(fleet.settings, "before-spawn")
+            os.killpg(frozen, signal.SIGCONT)
+            frozen = None
+            # The woken turns' heartbeats wait on the lock, and so does whatever each turn
+            # writes next: the holder's (its confirmation, or after its failed spawn its
+            # lease check), then the waiter's, unless it spawned without asking.
+            _wait_for(
+                fleet,
+                "the woken owner's writes waiting on the lock, or a spawn",
+                lambda: (
+                    _spawns(fleet, waiter.run_id, "worker-0.log") > 0
+                    or _blocked_behind(fleet, lock.info.backend_pid, stale_owner) >= 3
+                ),
+            )
+            time.sleep(1.0)  # room for a spawn that asked nobody to show; no timing asserted
+            lock.rollback()
+        for run_id in prompts:
+            stopped = fleet.wait_events("attempt.stopped", run_id=run_id, timeout=HANG)
+            assert [e["epoch"] for e in stopped] == [1]
+        assert _spawns(fleet, waiter.run_id, "worker-0.log") == 0, "the woken owner started one"
+        assert _run_files(workspace, waiter.run_id) == []
+        for run_id, prompt in prompts.items():
+            done = fleet.client.require(run_id)
+            assert (done.status, done.epoch, done.attempt_id) == (
+                RunStatus.COMPLETED,
+                2,
+                settled[run_id].attempt_id,
+            )
+            assert _outcomes(fleet, run_id) == [(1, "superseded"), (2, "completed")]
+            assert _chunks(fleet, run_id) == logs[run_id]
+            assert logs[run_id] == expected_log(
+                run_id, done.session_id, SCRIPTED, prompt, tmp_path / f"o-{run_id}"
+            )
+            assert _spawns(fleet, run_id) == 1
+            assert _journals(done) == [(1, None)]
+    finally:
+        if frozen is not None:
+            os.killpg(frozen, signal.SIGCONT)
+        fleet.stop()
+
+
+def _attempt_owners(fleet: Fleet, run_id: str) -> list[tuple[int, str | None, str]]:
+    """Each attempt's epoch, outcome and owner (its worker process)."""
+    with psycopg.connect(fleet.settings.require_database_url()) as conn:
+        rows = conn.execute(
+            "SELECT epoch, outcome, owner FROM attempts WHERE run_id = %s ORDER BY epoch",
+            (run_id,),
+        ).fetchall()
+    return [(row[0], row[1], row[2]) for row in rows]
+
+
+def _run_files(directory: str, run_id: str) -> list[str]:
+    """The files of ``run_id``'s agent processes in a journal directory."""
+    return sorted(p.name for p in Path(directory).iterdir() if encode_run_id(run_id) in p.name)

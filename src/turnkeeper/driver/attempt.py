@@ -501,6 +501,7 @@ class Attempt:
         if not self._take_start_slot():
             return None
         failpoint(self.settings, "before-spawn", self.claim.run_id)
+        self._confirm_lease()
         started = self.place.spawn(
             sandbox,
             journal,
@@ -603,7 +604,7 @@ class Attempt:
         """Wait for a start slot (``workers/starts.py``), given back as the agent speaks
         (``_follow_from``). A cancel, a deadline or a drain that comes while the turn
         waits is carried out then, before any agent is started (False); a lease lost
-        meanwhile raises."""
+        meanwhile raises (and one lost unnoticed, ``_confirm_lease``, after)."""
         while not self.start_slot.take(timeout=_WAKE):
             stop = self._stop_asked()
             if stop is not None:
@@ -611,8 +612,19 @@ class Attempt:
                 stop()
                 return False
             self.ownership.check()
-        self.ownership.check()  # the wait may have outlasted the lease
         return True
+
+    def _confirm_lease(self) -> None:
+        """Start no agent on a lease this attempt may have lost. The heartbeat's word goes
+        while its last renewal holds the lease a while yet (half a lease); past that (a
+        long wait for a start slot, a process frozen and woken) its next beat may not
+        have come round to say that a successor took the run, and the successor may
+        have run the agent to its end already: the store is asked, with a renewal."""
+        self.ownership.check()
+        if self.keeper.known_left() >= self.settings.lease_ttl / 2:
+            return
+        if self.store.renew_lease(self.claim, self.settings.lease_ttl) is not Verdict.DONE:
+            self.ownership.lose("lease-lost")
 
     def _stop_asked(self) -> Callable[[], None] | None:
         """What a cancel, a passed deadline or a drain asks the attempt to do now, in

@@ -50,6 +50,9 @@ class LeaseKeeper:
             target=self._run, name=f"lease-{claim.run_id[:32]}", daemon=True
         )
         self._last_renewed = time.monotonic()
+        self._held_from = self._last_renewed
+        """When the last renewal that went through was sent (at first, about when the
+        claim or the adoption set the lease): the lease lasts ``lease_ttl`` from then."""
         self._retrying = False
         self._log = log.bind(run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
 
@@ -64,6 +67,7 @@ class LeaseKeeper:
 
     def beat(self) -> None:
         """One renewal and cancel check, now (the thread calls it every interval)."""
+        sent = time.monotonic()
         try:
             renewed = self.store.renew_lease(self.claim, self.lease_ttl) is Verdict.DONE
             run = self.store.get_run(self.claim.run_id) if renewed else None
@@ -82,6 +86,7 @@ class LeaseKeeper:
         self.renewals += 1
         self.on_renewed()
         self._last_renewed = time.monotonic()
+        self._held_from = sent
         if run is None:
             return
         if run.cancel_requested_at is not None:
@@ -94,6 +99,15 @@ class LeaseKeeper:
             and run.deadline <= run.lease_expires_at - timedelta(seconds=self.lease_ttl)
         ):
             self._mark(self.past_deadline)
+
+    def known_left(self) -> float:
+        """Seconds the lease is known to last from now, by this process's clock (0 once
+        lost): ``lease_ttl`` from when the last renewal that went through was sent. Past
+        that, only the store knows: a process frozen and woken, or a heartbeat starved,
+        may have lost its run to a successor before its next beat says so."""
+        if self.lost.is_set():
+            return 0.0
+        return max(0.0, self._held_from + self.lease_ttl - time.monotonic())
 
     def _mark(self, event: threading.Event) -> None:
         if not event.is_set():
