@@ -374,12 +374,12 @@ def main() -> None:
         "workers of --turns turns each, one SIGKILLed (e.g. --fleet 500).",
     )
     args = parser.parse_args()
+    configure_logging("WARNING")
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
     if args.fleet:
         with tempfile.TemporaryDirectory() as tmp, bench_fleet(Path(tmp) / "data") as fleet:
             fleet_case(fleet, args.fleet, args.turns)
         return
-    configure_logging("WARNING")
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
     steps = sorted({max(1, args.turns // 4), args.turns // 2, args.turns} - {0})
     with tempfile.TemporaryDirectory() as tmp, bench_fleet(Path(tmp) / "data") as fleet:
         threads = measure(
