@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import psycopg
 
 import turnkeeper
 from tests.sandboxes import release_sandboxes
@@ -26,11 +27,12 @@ from turnkeeper.agents.spec import AgentSpec
 from turnkeeper.agents.translator import translator_for
 from turnkeeper.chunks import Chunk
 from turnkeeper.client import Client
-from turnkeeper.config import Settings
+from turnkeeper.config import Settings, plain_postgres_url
 from turnkeeper.driver import lifecycle
 from turnkeeper.errors import ServiceError
 from turnkeeper.owner import owner_pid
 from turnkeeper.store.records import Run
+from turnkeeper.workers.failpoints import marker
 
 FAST: dict[str, Any] = {
     "lease_ttl": 2.0,
@@ -237,6 +239,23 @@ class Fleet:
             )
             time.sleep(0.02)
 
+    def wait_failpoint(self, point: str, timeout: float = 120.0) -> None:
+        """Until a worker reached the failpoint ``point`` (its marker; a hang guard)."""
+        reached = marker(self.settings, point)
+        deadline = time.monotonic() + timeout
+        while not reached.exists():
+            assert time.monotonic() < deadline, self.dump_logs()
+            time.sleep(0.05)
+
+    def attempts(self, run_id: str) -> list[tuple[int, str | None, str]]:
+        """Each attempt of the run: its epoch, outcome and owner (a worker process)."""
+        with psycopg.connect(plain_postgres_url(self.settings.require_database_url())) as conn:
+            rows = conn.execute(
+                "SELECT epoch, outcome, owner FROM attempts WHERE run_id = %s ORDER BY epoch",
+                (run_id,),
+            ).fetchall()
+        return [(row[0], row[1], row[2]) for row in rows]
+
     def start_pair(self) -> None:
         """Two one-slot workers and a beat: an owner, a successor and a reconciler."""
         self.start_worker()
@@ -383,3 +402,12 @@ def follow_up_prompt(prompt: str, earlier: list[tuple[str, list[Chunk]]]) -> str
                 texts[chunk["messageId"]] = texts.get(chunk["messageId"], "") + chunk["delta"]
         lines.extend(f"assistant: {' '.join(text.split())}" for text in texts.values() if text)
     return "\n".join(lines)
+
+
+def transcript_of_tool_turns(run: Run, tool_turns: int) -> list[str]:
+    """The entry ids of a run's transcript, once each: its input, each tool turn
+    (assistant, tools), then the closing answer."""
+    ids = [f"{run.run_id}/input"]
+    for turn in range(tool_turns):
+        ids += [f"{run.run_id}/turn-{turn}/assistant", f"{run.run_id}/turn-{turn}/tools"]
+    return [*ids, f"{run.run_id}/turn-{tool_turns}/assistant"]

@@ -70,15 +70,6 @@ def make_host(settings: Settings, tmp_path: Path) -> Iterator[MakeHost]:
         fleet.stop()
 
 
-def _attempts(fleet: Fleet, run_id: str) -> list[tuple[int, str | None, str]]:
-    with psycopg.connect(fleet.settings.require_database_url()) as conn:
-        rows = conn.execute(
-            "SELECT epoch, outcome, owner FROM attempts WHERE run_id = %s ORDER BY epoch",
-            (run_id,),
-        ).fetchall()
-    return [(row[0], row[1], row[2]) for row in rows]
-
-
 def _host_of(owner: str) -> str:
     return owner_host(owner)
 
@@ -132,7 +123,7 @@ def test_a_worker_restarted_on_its_host_resumes_the_run_there(
     done = a.wait_settled(run.run_id, timeout=240)
 
     assert done.status is RunStatus.COMPLETED, (done.error, a.dump_logs(), b.dump_logs())
-    attempts = _attempts(a, run.run_id)
+    attempts = a.attempts(run.run_id)
     assert [(epoch, outcome) for epoch, outcome, _ in attempts] == [
         (1, "superseded"),
         (2, "completed"),
@@ -169,7 +160,7 @@ def test_a_host_gone_for_good_is_declared_dead_and_its_runs_go_on_elsewhere(
     kill_agents(a)  # the host is gone: its agents with it
     done = b.wait_settled(run.run_id, timeout=240)
 
-    attempts = _attempts(b, run.run_id)
+    attempts = b.attempts(run.run_id)
     assert [epoch for epoch, _, _ in attempts] == [1, 2], "waiting for host-a spent nothing"
     assert _host_of(attempts[0][2]) == "host-a"
     assert _host_of(attempts[1][2]) == "host-b"
@@ -306,7 +297,7 @@ def test_a_drained_host_hands_its_live_runs_over_and_loses_nothing(
     for run, agent in zip(runs, agents, strict=True):
         done = a.wait_settled(run.run_id, timeout=240)
         assert done.status is RunStatus.COMPLETED, (done.error, a.dump_logs())
-        attempts = _attempts(a, run.run_id)
+        attempts = a.attempts(run.run_id)
         assert [(epoch, outcome) for epoch, outcome, _ in attempts] == [
             (1, "superseded"),
             (2, "completed"),
@@ -395,7 +386,7 @@ def test_chaos_on_three_hosts(make_host: MakeHost, tmp_path: Path) -> None:
         hosts["host-a"].wait_log_closed(run_id)
         _assert_oracle(hosts["host-a"], done, agent, prompt, tmp_path / run_id)
         _assert_one_agent_process(hosts["host-a"], done)
-        owners = {_host_of(owner) for _, _, owner in _attempts(hosts["host-a"], run_id)}
+        owners = {_host_of(owner) for _, _, owner in hosts["host-a"].attempts(run_id)}
         assert owners == {done.sandbox_host}, (run_id, owners)
 
 
@@ -420,7 +411,7 @@ def test_on_a_shared_sandboxes_volume_any_host_follows_the_journal(
     done = b.wait_settled(run.run_id, timeout=240)
 
     assert done.status is RunStatus.COMPLETED, (done.error, b.dump_logs())
-    attempts = _attempts(b, run.run_id)
+    attempts = b.attempts(run.run_id)
     assert [(epoch, outcome) for epoch, outcome, _ in attempts] == [
         (1, "superseded"),
         (2, "completed"),

@@ -44,6 +44,7 @@ from tests.driver.fleet import (
     expected_log,
     held_agent,
     release_held,
+    transcript_of_tool_turns,
     wait_held,
 )
 from tests.driver.test_settle_window import _wait_marker
@@ -105,11 +106,7 @@ def _assert_log_is_oracle(fleet: Fleet, run: Run, tmp_path: Path) -> None:
 
 def _assert_transcript_once(fleet: Fleet, run: Run) -> None:
     ids = [entry.entry_id for entry in fleet.client.transcript(run.session_id)]
-    expected = [f"{run.run_id}/input"]
-    for turn in range(AGENT["turns"]):
-        expected += [f"{run.run_id}/turn-{turn}/assistant", f"{run.run_id}/turn-{turn}/tools"]
-    expected.append(f"{run.run_id}/turn-{AGENT['turns']}/assistant")
-    assert ids == expected
+    assert ids == transcript_of_tool_turns(run, AGENT["turns"])
 
 
 def _assert_finished_once(fleet: Fleet, run: Run, tmp_path: Path, *, epoch: int) -> None:

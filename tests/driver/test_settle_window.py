@@ -35,7 +35,7 @@ from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
 from turnkeeper.driver import lifecycle
 from turnkeeper.store.records import Run, RunStatus
-from turnkeeper.workers.failpoints import marker, release
+from turnkeeper.workers.failpoints import release
 
 # An agent that fails on its own: its error carries its exit code and its stderr.
 FAILING: dict[str, Any] = {
@@ -65,14 +65,6 @@ def _failing_oracle(run: Run, workdir: Path) -> list[Chunk]:
     return chunks
 
 
-def _wait_marker(fleet: Fleet, point: str) -> None:
-    reached = marker(fleet.settings, point)
-    deadline = time.monotonic() + 120  # a hang guard
-    while not reached.exists():
-        assert time.monotonic() < deadline, fleet.dump_logs()
-        time.sleep(0.05)
-
-
 def test_a_failing_agent_settles_with_its_own_error_without_a_crash(
     fleet: Fleet, tmp_path: Path
 ) -> None:
@@ -97,7 +89,7 @@ def test_an_owner_killed_after_its_heartbeat_stopped_is_finished_once(
         fleet.start_pair()
         spec = AGENT if agent == "completes" else FAILING
         run = fleet.client.submit(spec, PROMPT)
-        _wait_marker(fleet, "settling")
+        fleet.wait_failpoint("settling")
         owned = fleet.client.require(run.run_id)
         assert (owned.status, owned.epoch) == (RunStatus.RUNNING, 1)
         fleet.signal_worker_of(owned, signal.SIGKILL)
@@ -131,7 +123,7 @@ def test_an_owner_stalled_past_its_lease_before_its_settle_is_refused(
     try:
         fleet.start_pair()
         run = fleet.client.submit(AGENT, PROMPT)
-        _wait_marker(fleet, "settling")
+        fleet.wait_failpoint("settling")
         owned = fleet.client.require(run.run_id)
         if frozen:
             pgid = fleet.signal_worker_of(owned, signal.SIGSTOP)
@@ -184,7 +176,7 @@ def test_a_postgres_outage_during_the_settle_ends_the_run_once(
     try:
         fleet.start_pair()
         run = fleet.client.submit(AGENT, PROMPT)
-        _wait_marker(fleet, "settling")
+        fleet.wait_failpoint("settling")
         _database_outage(admin_database_url, database_url, allow=False)
         try:
             release(fleet.settings, "settling")
@@ -215,7 +207,7 @@ def test_an_agent_killed_past_its_memory_limit_keeps_that_reason_after_a_takeove
         fleet.start_pair()
         hog = "echo start; exec python3 -c 'x = b\"m\" * (512 * 1024 * 1024)'"
         run = fleet.client.submit({"command": ["/bin/sh", "-c", hog], "format": "text"}, "p")
-        _wait_marker(fleet, "settling")
+        fleet.wait_failpoint("settling")
         fleet.signal_worker_of(fleet.client.require(run.run_id), signal.SIGKILL)
         done = fleet.wait_settled(run.run_id)
         assert (done.status, done.epoch) == (RunStatus.FAILED, 2), fleet.dump_logs()
@@ -256,7 +248,7 @@ def test_a_stalled_settle_on_a_saturated_fleet_costs_one_adoption(
         busy = fleet.client.submit(BLOCKER, PROMPT)
         fleet.wait(busy.run_id, lambda r: r.owner is not None, what="an owner")
         victim = fleet.client.submit(AGENT, PROMPT)
-        _wait_marker(fleet, "settling")
+        fleet.wait_failpoint("settling")
         stalled = fleet.client.require(victim.run_id)
         handed = fleet.wait(victim.run_id, lambda r: r.awaiting_adoption, what="a handover")
         assert (handed.epoch, handed.attempt_count, handed.owner) == (2, 1, None)

@@ -349,7 +349,7 @@ def test_a_turn_frozen_while_waiting_for_the_slot_starts_no_agent_when_it_wakes(
         workspace = Placement.of(settled[waiter.run_id]).journals[0].handle.paths.directory
         assert _run_files(workspace, waiter.run_id) == []  # removed at the settle
 
-        (_, _, stale_owner), _ = _attempt_owners(fleet, waiter.run_id)
+        (_, _, stale_owner), _ = fleet.attempts(waiter.run_id)
         with psycopg.connect(fleet.settings.require_database_url()) as lock:
             # No run row can be written while it is held; the runs can be read.
             lock.execute("LOCK TABLE runs IN SHARE MODE")
@@ -392,16 +392,6 @@ def test_a_turn_frozen_while_waiting_for_the_slot_starts_no_agent_when_it_wakes(
         if frozen is not None:
             os.killpg(frozen, signal.SIGCONT)
         fleet.stop()
-
-
-def _attempt_owners(fleet: Fleet, run_id: str) -> list[tuple[int, str | None, str]]:
-    """Each attempt's epoch, outcome and owner (its worker process)."""
-    with psycopg.connect(fleet.settings.require_database_url()) as conn:
-        rows = conn.execute(
-            "SELECT epoch, outcome, owner FROM attempts WHERE run_id = %s ORDER BY epoch",
-            (run_id,),
-        ).fetchall()
-    return [(row[0], row[1], row[2]) for row in rows]
 
 
 def _run_files(directory: str, run_id: str) -> list[str]:

@@ -12,7 +12,7 @@ from tests.driver.fleet import Fleet
 from turnkeeper.config import Settings
 from turnkeeper.driver import lifecycle
 from turnkeeper.store.records import RunStatus, TurnPhase
-from turnkeeper.workers.failpoints import marker, release
+from turnkeeper.workers.failpoints import release
 from turnkeeper.workers.starts import StartSlot
 
 SIZE = 3  # a size no other test of this process uses: the slots are per size
@@ -74,14 +74,6 @@ AGENT = {"preset": "scripted", "turns": 1, "pace": 0.0, "seed": 3}
 DEADLINE = "the run passed its deadline"
 
 
-def _wait_for_marker(fleet: Fleet, point: str) -> None:
-    reached = marker(fleet.settings, point)
-    deadline = time.monotonic() + 120  # a hang guard
-    while not reached.exists():
-        assert time.monotonic() < deadline, fleet.dump_logs()
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("ending", ["cancel", "deadline"])
 def test_a_turn_waiting_for_a_start_slot_ends_there_without_an_agent(
     settings: Settings, tmp_path: Path, ending: str
@@ -97,7 +89,7 @@ def test_a_turn_waiting_for_a_start_slot_ends_there_without_an_agent(
         fleet.start_worker(2, pool="threads")
         fleet.wait_ready()
         holder = fleet.client.submit(AGENT, "hold the slot")
-        _wait_for_marker(fleet, "before-spawn")
+        fleet.wait_failpoint("before-spawn")
         timeout = 2.0 if ending == "deadline" else None
         waiting = fleet.client.submit(AGENT, "wait for it", timeout=timeout)
         fleet.wait(waiting.run_id, lambda r: r.status is RunStatus.RUNNING, what="claimed")

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.driver.fleet import Fleet, expected_log
+from tests.driver.fleet import Fleet, expected_log, transcript_of_tool_turns
 from turnkeeper.store.records import Run, RunStatus, TurnPhase
 from turnkeeper.workers.failpoints import marker
 
@@ -45,11 +45,7 @@ def _attempts(database_url: str, run_id: str) -> list[tuple[int, str | None]]:
 def _assert_transcript_once(fleet: Fleet, run: Run) -> None:
     """Input, then each tool turn (assistant, tools), then the closing answer: once each."""
     ids = [entry.entry_id for entry in fleet.client.transcript(run.session_id)]
-    expected = [f"{run.run_id}/input"]
-    for turn in range(AGENT["turns"]):
-        expected += [f"{run.run_id}/turn-{turn}/assistant", f"{run.run_id}/turn-{turn}/tools"]
-    expected.append(f"{run.run_id}/turn-{AGENT['turns']}/assistant")
-    assert ids == expected
+    assert ids == transcript_of_tool_turns(run, AGENT["turns"])
 
 
 def test_a_run_without_crash_matches_the_oracle(fleet: Fleet, tmp_path: Path) -> None:

@@ -77,6 +77,33 @@ def test_provider_started_may_commit_directly(store: Store) -> None:
     assert _phase(store)[:2] == ("committed", 3)
 
 
+def test_a_write_for_one_turn_never_lands_on_the_next(store: Store) -> None:
+    """A turn's own write made again once the slot moved on to the next turn (a retry
+    whose first try's reply was lost) is refused for its state, whatever the phase the
+    next turn is at: it neither commits that turn nor records a tool request in it."""
+    claim = claimed(store, "r1")
+    assert store.begin_turn_slot(claim, 0, "t0", "leaf-0") is Verdict.DONE
+    assert store.update_turn_phase(claim, "provider_started", turn_index=0) is Verdict.DONE
+    assert store.commit_turn_slot(claim, "leaf-1", turn_index=0) is Verdict.DONE
+    assert store.begin_turn_slot(claim, 1, "t1", "leaf-1") is Verdict.DONE
+    assert store.update_turn_phase(claim, "provider_started", turn_index=0) is Verdict.WRONG_STATE
+    assert store.update_turn_phase(claim, "provider_started", turn_index=1) is Verdict.DONE
+    late_request = store.update_turn_phase(
+        claim, TurnPhase.TOOL_REQUEST_RECORDED, tool_request={"c": 1}, turn_index=0
+    )
+    assert late_request is Verdict.WRONG_STATE
+    assert store.commit_turn_slot(claim, "leaf-1", turn_index=0) is Verdict.WRONG_STATE
+    slot = store.get_turn_slot("r1")
+    assert slot is not None
+    assert (slot.turn_index, slot.phase, slot.tool_request, slot.committed_leaf_id) == (
+        1,
+        TurnPhase.PROVIDER_STARTED,
+        None,
+        None,
+    )
+    assert store.commit_turn_slot(claim, "leaf-2", turn_index=1) is Verdict.DONE
+
+
 def test_phases_never_move_backwards_or_skip(store: Store) -> None:
     claim = claimed(store, "r1")
     assert store.update_turn_phase(claim, "provider_started") is Verdict.WRONG_STATE  # no slot yet

@@ -166,7 +166,10 @@ class TurnRecorder:
         self._slot_write(
             (self.turn_index, 1),
             lambda: self.store.update_turn_phase(
-                self.claim, TurnPhase.PROVIDER_STARTED, journal_key=journal_key
+                self.claim,
+                TurnPhase.PROVIDER_STARTED,
+                journal_key=journal_key,
+                turn_index=self.turn_index,
             ),
         )
 
@@ -223,6 +226,7 @@ class TurnRecorder:
                     TurnPhase.TOOL_REQUEST_RECORDED,
                     tool_request=request,
                     checkpoint_leaf_id=leaf,
+                    turn_index=position[0],
                 ),
             )
 
@@ -297,8 +301,9 @@ class TurnRecorder:
             self.leaf = self._append(entries, self.leaf, under=self.leaf)
         leaf = self.leaf
         if leaf is not None:
+            turn = self.turn_index
             self._slot_write(
-                (self.turn_index, 3), lambda: self.store.commit_turn_slot(self.claim, leaf)
+                (turn, 3), lambda: self.store.commit_turn_slot(self.claim, leaf, turn_index=turn)
             )
 
     def _next_turn(self) -> None:

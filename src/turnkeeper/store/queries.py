@@ -592,6 +592,7 @@ UPDATE turn_slots j SET phase = :phase, revision = j.revision + 1, updated_at = 
     checkpoint_leaf_id = COALESCE(:checkpoint_leaf_id, j.checkpoint_leaf_id)
 $owned_slot
   AND j.phase IN (:from_a, :from_b)
+  AND (CAST(:turn_index AS integer) IS NULL OR j.turn_index = :turn_index)
 RETURNING j.revision
 """)
 
@@ -600,6 +601,7 @@ UPDATE turn_slots j SET phase = 'committed', committed_leaf_id = :committed_leaf
     revision = j.revision + 1, updated_at = now()
 $owned_slot
   AND j.phase IN ('provider_started', 'tool_request_recorded')
+  AND (CAST(:turn_index AS integer) IS NULL OR j.turn_index = :turn_index)
 RETURNING j.revision
 """)
 

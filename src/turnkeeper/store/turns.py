@@ -74,8 +74,10 @@ class TurnsMixin(StoreBase):
         journal_key: str | None = None,
         tool_request: Any = None,
         checkpoint_leaf_id: str | None = None,
+        turn_index: int | None = None,
     ) -> Verdict:
-        """Move the current turn forward one phase; absent options keep stored values."""
+        """Move the current turn forward one phase; absent options keep stored values.
+        With ``turn_index``, only that turn: a slot at another answers WRONG_STATE."""
         check_claim(claim)
         target = check_phase(phase)
         if target is TurnPhase.COMMITTED:
@@ -96,16 +98,21 @@ class TurnsMixin(StoreBase):
             "journal_key": check_optional_id(journal_key, "journal_key"),
             "tool_request": None if tool_request is None else to_json(tool_request, "tool_request"),
             "checkpoint_leaf_id": check_optional_id(checkpoint_leaf_id, "checkpoint_leaf_id"),
+            "turn_index": turn_index,
         }
         return self._owner_write("update_turn_phase", q.UPDATE_PHASE, params, claim)
 
-    def commit_turn_slot(self, claim: Claim, committed_leaf_id: str) -> Verdict:
-        """Commit the current turn; afterwards every write to that turn is WRONG_STATE."""
+    def commit_turn_slot(
+        self, claim: Claim, committed_leaf_id: str, *, turn_index: int | None = None
+    ) -> Verdict:
+        """Commit the current turn; afterwards every write to that turn is WRONG_STATE.
+        With ``turn_index``, only that turn: a slot at another answers WRONG_STATE."""
         check_claim(claim)
         params = {
             "run_id": claim.run_id,
             "attempt_id": claim.attempt_id,
             "committed_leaf_id": check_id(committed_leaf_id, "committed_leaf_id"),
+            "turn_index": turn_index,
         }
         return self._owner_write("commit_turn_slot", q.COMMIT_TURN_SLOT, params, claim)
 
