@@ -23,7 +23,6 @@ from tests.driver.test_hosts import (
     MakeHost,
     _assert_one_agent_process,
     _assert_oracle,
-    _attempts,
     _host_of,
     make_host,
 )
@@ -81,7 +80,7 @@ def test_a_takeover_waits_for_the_busy_worker_of_its_host_and_spends_nothing(
 
     assert done.status is RunStatus.COMPLETED, (done.error, a.dump_logs(), b.dump_logs())
     assert busy_done.status is RunStatus.COMPLETED
-    attempts = _attempts(a, victim.run_id)
+    attempts = a.attempts(victim.run_id)
     assert [(epoch, outcome) for epoch, outcome, _ in attempts] == [
         (1, "superseded"),
         (2, "completed"),
@@ -119,7 +118,7 @@ def test_a_worker_that_serves_no_host_queue_does_not_keep_its_host_alive(
     done = a.wait_settled(run.run_id, timeout=240)
 
     assert done.status is RunStatus.COMPLETED, (done.error, a.dump_logs(), b.dump_logs())
-    attempts = _attempts(a, run.run_id)
+    attempts = a.attempts(run.run_id)
     assert [(epoch, outcome) for epoch, outcome, _ in attempts] == [
         (1, "superseded"),
         (2, "completed"),

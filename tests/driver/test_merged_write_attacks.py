@@ -47,7 +47,6 @@ from tests.driver.fleet import (
     transcript_of_tool_turns,
     wait_held,
 )
-from tests.driver.test_settle_window import _wait_marker
 from tests.driver.test_takeover import _assert_segments_whole, _attempts
 from turnkeeper.agents.spec import AgentSpec
 from turnkeeper.agents.translator import translator_for
@@ -288,7 +287,7 @@ def test_a_zombie_paused_around_its_sentinel_is_refused(
     try:
         fleet.start_pair()
         run = fleet.client.submit(AGENT, PROMPT)
-        _wait_marker(fleet, point)
+        fleet.wait_failpoint(point)
         owned = fleet.client.require(run.run_id)
         pgid = fleet.signal_worker_of(owned, signal.SIGSTOP)
         release(fleet.settings, point)
