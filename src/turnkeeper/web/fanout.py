@@ -93,6 +93,8 @@ class _Ending:
 
 _ENDED: Final = _Ending(None)
 _SHUT_DOWN: Final = _Ending(None, final=False)
+_DROPPED: Final = _Ending(None, final=False)
+"""Fell too far behind: its response is cut (``cut``), never ended."""
 
 
 class Subscription:
@@ -164,7 +166,7 @@ class Subscription:
         self._leave()
         self._buffer.clear()
         self._buffered_bytes = 0
-        self.finish(_SHUT_DOWN)
+        self.finish(_DROPPED)
         self.cut.set()
 
     def _leave(self) -> None:
@@ -195,6 +197,10 @@ class Subscription:
                         first = None
                     yield frame
                 ending = self._ending
+                if ending is _DROPPED:
+                    # Wait for the cut to cancel this stream: returning would end the
+                    # response cleanly whenever no send was stuck at the drop.
+                    await asyncio.Event().wait()
                 if ending is not None:
                     if ending.final:
                         yield ending.frame or event_frame("end", {"last_seq": self.cursor})
