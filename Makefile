@@ -23,7 +23,7 @@ demo: $(INSTALLED)
 	$(BIN)/turnkeeper demo $(DEMO_FLAGS)
 
 test: $(INSTALLED) system-deps
-	$(BIN)/pytest -n $(PYTEST_WORKERS) -p no:cacheprovider
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --durations=25 -p no:cacheprovider
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

@@ -61,8 +61,8 @@ from turnkeeper.log import RunLog
 from turnkeeper.logconfig import configure_logging
 from turnkeeper.secret import STREAM_TOKENS, ServerSecret
 from turnkeeper.store.store import Store
-from turnkeeper.web.app import web_client_names
 from turnkeeper.web.serve import free_port
+from turnkeeper.web.state import web_client_names
 from turnkeeper.web.tokens import StreamTokens
 
 GAP = 0.02

@@ -19,12 +19,8 @@ import uuid
 import redis
 
 from turnkeeper.config import Settings
-from turnkeeper.tasks import (
-    _empty_dead_host_queue,
-    _send_takeover,
-    create_app,
-    host_queue,
-)
+from turnkeeper.queues import host_queue, send_takeover
+from turnkeeper.tasks import _empty_dead_host_queue, create_app
 
 
 def _queue_bytes(client: redis.Redis, settings: Settings, queue: str) -> tuple[int, int]:
@@ -52,7 +48,7 @@ def main() -> None:
     try:
         for index in range(args.messages):
             run_id = str(uuid.uuid4())
-            _send_takeover(app, settings, run_id, uuid.uuid4().hex, 2 + index % 3, host="gone-host")
+            send_takeover(app, settings, run_id, uuid.uuid4().hex, 2 + index % 3, host="gone-host")
         held, count = _queue_bytes(client, settings, queue)
         print(f"messages {count}  bytes {held}  bytes/message {held / max(count, 1):.0f}")
         _empty_dead_host_queue(app, settings, "gone-host")

@@ -72,11 +72,9 @@ MODEL_PORT = 8080
 PROMPT = "check the greeting"
 SCRIPTED = {"preset": "scripted", "seed": 7, "turns": 12, "pace": 0.4}
 SCRIPTED_MODULE = "turnkeeper.agents.scripted"  # an element of its argv, never of its writer's
-CLAUDE_ARGS = ["--allowedTools", "Bash", "--permission-mode", "bypassPermissions"]
 CLAUDE_ENV = {
     "ANTHROPIC_BASE_URL": f"http://model:{MODEL_PORT}",
     "ANTHROPIC_API_KEY": "sk-ant-scripted",
-    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
 }
 MADE_UP = ("sessionId", "durationMs", "totalCostUsd")  # what Claude Code invents per process
 SANDBOXES = "/var/lib/turnkeeper/sandboxes"
@@ -282,9 +280,9 @@ def normalized(chunks: list[Chunk]) -> list[Chunk]:
 
 def claude_oracle(run_id: str, session_id: str) -> list[Chunk]:
     """Claude Code run directly (no journal, no worker) in the sandbox host's image."""
-    spec = AgentSpec.from_payload({"preset": "claude-code", "args": CLAUDE_ARGS})
+    spec = AgentSpec.from_payload("claude-code")  # the preset as shipped
     home = "/home/agent/oracle"  # HOME inside the one-off container
-    env = [f"--env={k}={v}" for k, v in {**CLAUDE_ENV, "HOME": home}.items()]
+    env = [f"--env={k}={v}" for k, v in {**spec.env, **CLAUDE_ENV, "HOME": home}.items()]
     # The preset reads its prompt on stdin (`-p` with no prompt argument), as in the stack.
     stdin = PROMPT if spec.prompt_stdin else None
     stdout = podman(
@@ -498,7 +496,7 @@ class Check:
         bodies: dict[str, dict[str, Any]] = {
             "scripted": {"agent": SCRIPTED},
             "claude": {
-                "agent": {"preset": "claude-code", "args": CLAUDE_ARGS},
+                "agent": "claude-code",
                 "env": CLAUDE_ENV,
             },
         }

@@ -1,17 +1,19 @@
-"""Screenshots of every dashboard page, at 1280x800 and at a phone's 390x844.
+"""Screenshots of the dashboard at 1280x800 and at a phone's 390x844, on a real stack.
 
-A real stack in a scratch database (``bench/_fleet.py``): two workers, beat and the
-web app; scripted runs in a few sessions (one branched), one cancelled, one still
-running, and one whose worker is SIGKILLed mid-run so that the other worker takes
-it over. Debian's Chromium, driven by Playwright exactly as the dashboard tests
-drive it (``tests/web/browser.py``), signs in with an admin key and photographs
-the login, runs (with and without a filter), run and session pages.
+A real stack in a scratch database (``bench/_fleet.py``, as ``turnkeeper demo`` and
+the web tests start one): two workers, beat and the web app; scripted runs in a few
+sessions (one branched), one that fails (its agent exits with code 2), one cancelled,
+one still running, and one whose worker is SIGKILLed mid-run so that the other worker
+takes it over. Debian's Chromium, driven by Playwright exactly as the dashboard tests
+drive it (``tests/web/browser.py``), signs in with an admin key and photographs the
+runs, run and fleet pages (the README shows these, ``docs/dashboard-*.png``) and,
+under ``--out``, every page: the login, the runs (with and without a filter), the
+failed run, the live run, a session.
 
     .venv/bin/python scripts/screenshots.py [--out docs/screenshots]
 
-The PNGs go to ``--out`` (``<page>-<width>x<height>.png``; ``-full``: the whole page,
-not only the window); the whole run page with its takeover mark at 1280 wide is
-copied to ``docs/run-page.png``, which the README shows.
+On each page it checks that nothing overflows the window's width (the page's
+``scrollWidth`` is at most the window's), and stops with the pages that do.
 Uses TURNKEEPER_DATABASE_URL / TURNKEEPER_REDIS_URL when set, else the embedded
 servers.
 """
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -33,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 from playwright.sync_api import sync_playwright
-from tests.web.browser import DESKTOP, PHONE, launch, sign_in
+from tests.web.browser import DESKTOP, PHONE, launch, overflow, sign_in
 
 from _fleet import BenchFleet, bench_fleet
 from turnkeeper.client import Client
@@ -52,10 +53,15 @@ SETTINGS = {
     ),
 }
 HANG_GUARD = 120.0  # seconds; nothing here is timed
+README_SHOTS = REPO / "docs"
+FAILING_PROMPT = (
+    "Update the snapshot tests after the renderer change\n"
+    "Run them with --update, then check the diff by hand before committing."
+)
 
 
-def _agent(turns: int, pace: float, seed: int) -> dict[str, Any]:
-    return {"preset": "scripted", "turns": turns, "pace": pace, "seed": seed}
+def _agent(turns: int, pace: float, seed: int, *args: str) -> dict[str, Any]:
+    return {"preset": "scripted", "turns": turns, "pace": pace, "seed": seed, "args": list(args)}
 
 
 def _wait(what: str, ready: Any) -> Any:
@@ -72,14 +78,13 @@ def _settled(client: Client, run_id: str) -> None:
 
 
 def _takeover(fleet: BenchFleet, client: Client, run_id: str) -> None:
-    """Freeze and kill the worker that owns ``run_id`` once it is well into the run,
-    start a replacement, and wait for the other worker to finish it."""
+    """Kill the worker that owns ``run_id`` once it is well into the run, start a
+    replacement, and wait for the other worker to finish it."""
     _wait(f"{run_id} mid-run", lambda: len(client.log.snapshot(run_id)) >= 40)
     owner = client.require(run_id).owner
     if owner is None:
         raise SystemExit(f"{run_id} has no owner to kill")
-    group = os.getpgid(owner_pid(owner))
-    os.killpg(group, signal.SIGKILL)
+    os.killpg(os.getpgid(owner_pid(owner)), signal.SIGKILL)
     fleet.worker(concurrency=2)
     _settled(client, run_id)
 
@@ -96,9 +101,11 @@ def _stage(fleet: BenchFleet, client: Client, alice: str) -> dict[str, str]:
     submit(_agent(1, 0.01, 3), "Document it in docs/usage.md instead", run_id="cli-verbose-3",
            session_id="cli-flags", key_name=alice, from_entry="cli-verbose-2/input")  # fmt: skip
     _settled(client, "cli-verbose-3")
-    for number in range(1, 5):
+    for number in range(1, 4):
         submit(_agent(1, 0.01, 10 + number), f"Fix flaky test number {number}",
                run_id=f"flaky-test-{number}", key_name=alice)  # fmt: skip
+    submit(_agent(1, 0.01, 5, "--exit-code", "2"), FAILING_PROMPT, run_id="update-snapshots",
+           key_name=alice)  # fmt: skip
     submit(_agent(3, 0.15, 7), "Rename the config loader and update its callers",
            run_id="rename-loader", key_name=alice)  # fmt: skip
     _takeover(fleet, client, "rename-loader")
@@ -107,13 +114,79 @@ def _stage(fleet: BenchFleet, client: Client, alice: str) -> dict[str, str]:
     submit(_agent(40, 0.5, 9), "Bump every dependency", run_id="bump-deps", key_name=alice)
     _wait("port-build running", lambda: client.require("port-build").status.value == "running")
     client.cancel("bump-deps")
-    for number in range(1, 5):
-        _settled(client, f"flaky-test-{number}")
-    return {"takeover": "rename-loader", "live": "port-build", "session": "cli-flags"}
+    for run_id in ("flaky-test-1", "flaky-test-2", "flaky-test-3", "update-snapshots"):
+        _settled(client, run_id)
+    return {
+        "takeover": "rename-loader",
+        "failed": "update-snapshots",
+        "live": "port-build",
+        "session": "cli-flags",
+    }
+
+
+class _Camera:
+    """Photographs one tab's pages at its window's size, and notes any page wider than
+    the window."""
+
+    def __init__(self, page: Any, size: dict[str, int], out: Path) -> None:
+        self.page = page
+        self.width = size["width"]
+        self.suffix = f"{size['width']}x{size['height']}"
+        self.out = out
+        self.shots: list[Path] = []
+        self.overflowing: list[str] = []
+
+    def shot(self, name: str, *, full: bool = False, readme: str | None = None) -> None:
+        if (extra := overflow(self.page)) > 0:
+            self.overflowing.append(f"{name} at {self.width} px: {extra} px too wide")
+        paths = [self.out / f"{name}-{self.suffix}.png"]
+        if readme is not None:
+            paths.append(README_SHOTS / f"dashboard-{readme}-{self.width}.png")
+        for path in paths:
+            self.page.screenshot(path=str(path), full_page=full)
+            self.shots.append(path)
+
+
+def _tour(camera: _Camera, base_url: str, key: str, ids: dict[str, str]) -> None:
+    page, shot = camera.page, camera.shot
+    page.goto("/login")
+    shot("login")
+    sign_in(page, key)
+    page.wait_for_url(f"{base_url}/")
+    page.wait_for_selector(f'tr[data-run-id="{ids["failed"]}"] .error-cell')
+    shot("runs", readme="runs")
+    page.goto("/?status=completed&search=flaky")
+    page.wait_for_selector("table.runs[data-query*='flaky']")
+    shot("runs-filtered")
+    page.goto(f"/ui/runs/{quote(ids['takeover'], safe='')}")
+    page.wait_for_selector("#conversation[data-ended='true']")
+    page.wait_for_selector(".marker.takeover")
+    desktop = camera.width == DESKTOP["width"]
+    shot("run-takeover-full", full=True, readme="run" if desktop else None)
+    page.evaluate("document.querySelector('.marker.takeover').scrollIntoView({block: 'center'})")
+    shot("run-takeover", readme=None if desktop else "run")
+    page.goto(f"/ui/runs/{quote(ids['failed'], safe='')}")
+    page.wait_for_selector("#conversation[data-ended='true']")
+    page.wait_for_selector("#failure:not([hidden])")
+    shot("run-failed")
+    page.goto(f"/ui/runs/{quote(ids['live'], safe='')}")
+    page.wait_for_function(
+        "() => Number(document.querySelector('#conversation').dataset.lastSeq) > 20"
+    )
+    shot("run-live")
+    page.goto(f"/ui/sessions/{quote(ids['session'], safe='')}")
+    page.wait_for_selector("#conversation[data-loaded='settled']")
+    shot("session")
+    page.goto("/ui/fleet")
+    page.wait_for_selector("#fleet[data-loaded='true']")
+    page.wait_for_selector("#chart-latency .legend-item")
+    shot("fleet-full", full=True)
+    shot("fleet", readme="fleet", full=desktop)
 
 
 def _shoot(base_url: str, key: str, ids: dict[str, str], out: Path) -> list[Path]:
-    shots = []
+    shots: list[Path] = []
+    overflowing: list[str] = []
     with sync_playwright() as playwright:
         browser = launch(playwright)
         try:
@@ -121,48 +194,15 @@ def _shoot(base_url: str, key: str, ids: dict[str, str], out: Path) -> list[Path
                 context = browser.new_context(base_url=base_url, viewport=size)
                 page = context.new_page()
                 page.set_default_timeout(HANG_GUARD * 1000)
-                suffix = f"{size['width']}x{size['height']}"
-
-                def shot(
-                    name: str, page: Any = page, suffix: str = suffix, *, full: bool = False
-                ) -> None:
-                    path = out / f"{name}-{suffix}.png"
-                    page.screenshot(path=str(path), full_page=full)
-                    shots.append(path)
-
-                page.goto("/login")
-                shot("login")
-                sign_in(page, key)
-                page.wait_for_url(f"{base_url}/")
-                page.wait_for_selector("tr[data-run-id]")
-                shot("runs")
-                page.goto("/?status=completed&search=flaky")
-                page.wait_for_selector("table.runs[data-query*='flaky']")
-                shot("runs-filtered")
-                page.goto(f"/ui/runs/{quote(ids['takeover'], safe='')}")
-                page.wait_for_selector("#conversation[data-ended='true']")
-                page.wait_for_selector(".marker.takeover")
-                page.evaluate(
-                    "document.querySelector('.marker.takeover').scrollIntoView({block: 'center'})"
-                )
-                shot("run-takeover")
-                shot("run-takeover-full", full=True)
-                page.click("#raw-toggle")
-                page.evaluate(
-                    "document.querySelector('.raw-takeover').scrollIntoView({block: 'center'})"
-                )
-                shot("run-raw-chunks")
-                page.goto(f"/ui/runs/{quote(ids['live'], safe='')}")
-                page.wait_for_function(
-                    "() => Number(document.querySelector('#conversation').dataset.lastSeq) > 20"
-                )
-                shot("run-live")
-                page.goto(f"/ui/sessions/{quote(ids['session'], safe='')}")
-                page.wait_for_selector("#conversation[data-loaded='settled']")
-                shot("session")
+                camera = _Camera(page, size, out)
+                _tour(camera, base_url, key, ids)
+                shots += camera.shots
+                overflowing += camera.overflowing
                 context.close()
         finally:
             browser.close()
+    if overflowing:
+        raise SystemExit("pages wider than the window:\n" + "\n".join(overflowing))
     return shots
 
 
@@ -191,10 +231,8 @@ def main() -> None:
         finally:
             client.close()
             server.stop()
-    shutil.copyfile(args.out / "run-takeover-full-1280x800.png", REPO / "docs" / "run-page.png")
     for path in shots:
         print(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
-    print("docs/run-page.png")
 
 
 if __name__ == "__main__":

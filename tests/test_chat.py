@@ -23,7 +23,9 @@ from turnkeeper.store.records import RunStatus
 
 @pytest.fixture
 def fleet(settings: Settings, tmp_path: Path) -> Iterator[Fleet]:
-    fleet = Fleet.create(settings, tmp_path / "logs")
+    """Its heartbeat beats every 300 s: only the cancel's wake-up can stop a turn here
+    before the turn ends by itself."""
+    fleet = Fleet.create(settings, tmp_path / "logs", heartbeat_interval=300.0, lease_ttl=900.0)
     try:
         fleet.start_worker()
         fleet.wait_ready()

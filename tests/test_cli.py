@@ -27,6 +27,12 @@ def run(
     )
 
 
+def service_lines(stdout: str) -> list[list[str]]:
+    """The mark and name of each of doctor's lines about a service (not an agent)."""
+    lines = [line.split()[:2] for line in stdout.splitlines()]
+    return [line for line in lines if line[1] != "agent"]
+
+
 def service_env(database_url: str, redis_url: str, tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURNKEEPER_")}
     env.update(
@@ -60,7 +66,7 @@ def test_doctor_passes_on_a_migrated_database(
     result = run(["doctor"], service_env(database_url, redis_url, tmp_path))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert [line.split()[:2] for line in lines] == [
+    assert service_lines(result.stdout) == [
         ["ok", "database"],
         ["ok", "redis"],
         ["ok", "broker"],
@@ -91,12 +97,69 @@ def test_doctor_reports_unreachable_servers_one_line_each(tmp_path: Path) -> Non
     env = service_env("postgresql://postgres@127.0.0.1:1/x", "redis://127.0.0.1:1/0", tmp_path)
     result = run(["doctor"], env)
     assert result.returncode == 1
-    assert [line.split()[:2] for line in result.stdout.splitlines()] == [
+    assert service_lines(result.stdout) == [
         ["FAIL", "database"],
         ["FAIL", "redis"],
         ["FAIL", "broker"],
     ]
     assert "Traceback" not in result.stderr
+
+
+def test_doctor_checks_each_agent_one_line_per_problem(
+    database_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """A fake ``claude`` the jail finds through the agent's PATH, a key file; then what
+    an operator gets wrong: a host the egress does not allow, a key file not there."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    claude = bin_dir / "claude"
+    claude.write_text("#!/bin/sh\nexit 0\n")
+    claude.chmod(0o755)
+    key = tmp_path / "anthropic.key"
+    key.write_text("sk-test-not-a-key\n")
+    missing = tmp_path / "missing.key"
+    path = f'PATH = "{bin_dir}:/usr/bin:/bin"'
+    agents = tmp_path / "agents.toml"
+    agents.write_text(
+        f"""
+[agents.ready]
+preset = "claude-code"
+env = {{ {path} }}
+env_files = {{ ANTHROPIC_API_KEY = "{key}" }}
+
+[agents.broken]
+preset = "claude-code"
+env = {{ {path}, ANTHROPIC_BASE_URL = "https://llm.example.com" }}
+env_files = {{ ANTHROPIC_API_KEY = "{missing}" }}
+"""
+    )
+    env = service_env(database_url, redis_url, tmp_path)
+    env.update(
+        TURNKEEPER_AGENTS_FILE=str(agents),
+        TURNKEEPER_SANDBOX_RO_BINDS=str(bin_dir),
+        TURNKEEPER_SANDBOX_PROVIDER="bwrap",
+    )
+    result = run(["doctor"], env)
+    assert result.returncode == 1, result.stdout
+    lines = result.stdout.splitlines()
+    found = f"{claude}; api.anthropic.com:443 allowed; ANTHROPIC_API_KEY from {key}"
+    assert f"ok   agent     ready  {found}" in lines
+    assert [line for line in lines if " broken " in line] == [
+        (
+            f"FAIL agent     broken  cannot read {missing}, the file env_files names for "
+            "ANTHROPIC_API_KEY: No such file or directory; put the value there, readable by the "
+            "worker's user"
+        ),
+        (
+            "FAIL agent     broken  TURNKEEPER_SANDBOX_EGRESS does not allow llm.example.com:443, "
+            "the model API's host (ANTHROPIC_BASE_URL): add it"
+        ),
+    ]
+    assert "sk-test-not-a-key" not in result.stdout + result.stderr
+    assert service_lines(result.stdout) == [["ok", "database"], ["ok", "redis"], ["ok", "broker"]]
+
+    agents.write_text(agents.read_text().split("[agents.broken]")[0])
+    assert run(["doctor"], env).returncode == 0
 
 
 @pytest.mark.parametrize(
@@ -137,16 +200,20 @@ def test_dev_on_the_embedded_default(tmp_path: Path) -> None:
     assert "turnkeeper dev" in no_servers.stderr, "doctor says how to start the stack"
 
     dev = subprocess.Popen(
-        [*TURNKEEPER, "dev"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*TURNKEEPER, "dev", "--no-web"],  # with the web app: tests/test_dev.py
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert dev.stdout is not None
         seen = [dev.stdout.readline() for _ in range(4)]
         assert [line.split()[0] for line in seen[:3]] == ["database", "redis", "broker"]
-        assert "Ctrl-C" in seen[3]
+        assert seen[3] == "turnkeeper dev is up (1 worker(s), beat); Ctrl-C stops it.\n"
         doctor = run(["doctor"], env)
         assert doctor.returncode == 0, "doctor finds the running dev stack"
-        assert [line.split()[:2] for line in doctor.stdout.splitlines()] == [
+        assert service_lines(doctor.stdout) == [
             ["ok", "database"],
             ["ok", "redis"],
             ["ok", "broker"],

@@ -21,9 +21,12 @@ def test_keys_create_list_revoke(database_url: str, redis_url: str, tmp_path: Pa
     env = service_env(database_url, redis_url, tmp_path)
     created = run(["keys", "create", "alice", "--allow-commands", "--max-running", "3"], env)
     assert created.returncode == 0, created.stderr
-    key = created.stdout.splitlines()[-1]
+    key = created.stdout.removesuffix("\n")
+    assert created.stdout == f"{key}\n"  # alone: `KEY=$(turnkeeper keys create NAME)`
     assert key.startswith("tk_")
-    assert "shown only now" in created.stdout.splitlines()[0]
+    assert created.stderr.splitlines()[-1] == (
+        "created key 'alice' (tenant, inline commands, at most 3 running); it is shown only now:"
+    )
     admin = run(["keys", "create", "ops", "--admin"], env)
     assert admin.returncode == 0, admin.stderr
     with Store(database_url, pool_size=1) as store:
@@ -48,18 +51,25 @@ def test_keys_create_list_revoke(database_url: str, redis_url: str, tmp_path: Pa
     with Store(database_url, pool_size=1) as store:
         assert store.authenticate_key(key) is None
 
+    submit = ["submit", "--agent", "scripted", "--prompt", "hi"]
     for args, message in [
         (["keys", "create", "alice"], "a key named 'alice' exists or existed"),
         (["keys", "revoke", "nobody"], "no key is named 'nobody'"),
-        (["keys", "create", "bad name"], "a key name is 1 to 64 letters"),
-        (["submit", "--agent", "scripted", "--as", "alice"], "the key 'alice' is revoked"),
-        (["submit", "--agent", "scripted", "--as", "nobody"], "the key 'nobody' is unknown"),
+        ([*submit, "--as", "alice"], "the key 'alice' is revoked"),
+        ([*submit, "--as", "nobody"], "the key 'nobody' is unknown"),
     ]:
         result = run(args, env)
         assert result.returncode == 1, (args, result.stdout)
         assert result.stderr.startswith("error: "), args
         assert message in result.stderr, (args, result.stderr)
         assert result.stderr.count("\n") == 1, result.stderr
+    # A name the store can never hold is a usage error (exit 2), as the API's 400.
+    bad_name = run(["keys", "create", "bad name"], env)
+    assert (bad_name.returncode, bad_name.stdout) == (2, "")
+    assert bad_name.stderr == (
+        "error: a key name is 1 to 64 letters, digits, '_', '.' or '-', starting with a letter "
+        "or digit; got 'bad name'\n"
+    )
 
 
 def test_keys_list_cuts_nothing_on_80_columns(
@@ -101,7 +111,11 @@ def test_submit_on_behalf_of_a_key(database_url: str, redis_url: str, tmp_path: 
     env = {**service_env(database_url, redis_url, tmp_path), "TURNKEEPER_SECRET": TEST_SECRET}
     assert run(["keys", "create", "bob"], env).returncode == 0
     submitted = run(
-        ["submit", "--agent", "scripted", "--run-id", "as-bob", "--as", "bob", "--env", "K=v"], env
+        [
+            *("submit", "--agent", "scripted", "--prompt", "hi", "--run-id", "as-bob"),
+            *("--as", "bob", "--env", "K=v"),
+        ],
+        env,
     )
     assert submitted.returncode == 0, submitted.stderr
     assert submitted.stdout == "as-bob\n"
@@ -111,7 +125,7 @@ def test_submit_on_behalf_of_a_key(database_url: str, redis_url: str, tmp_path: 
         assert run_row.key_name == "bob"
         assert set(run_row.payload["env"]) == {"digest", "sealed"}
     no_secret = run(
-        ["submit", "--agent", "scripted", "--env", "K=v"],
+        ["submit", "--agent", "scripted", "--prompt", "hi", "--env", "K=v"],
         service_env(database_url, redis_url, tmp_path),
     )
     assert no_secret.returncode == 1

@@ -220,6 +220,21 @@ def test_sandbox_settings_parse_sizes_and_lists() -> None:
             load_settings(**bad)
 
 
+def test_the_disk_limit_is_a_size_of_at_least_a_mebibyte() -> None:
+    """``TURNKEEPER_SANDBOX_DISK`` reads like the memory limit; 4 GiB by default."""
+    assert load_settings().sandbox_disk == 4 * 1024**3
+    assert load_settings(sandbox_disk="512M").sandbox_disk == 512 * 1024**2
+    assert load_settings(sandbox_disk="1.5GiB").sandbox_disk == 1536 * 1024**2
+    assert load_settings(sandbox_disk=str(2**40)).sandbox_disk == 2**40
+    for bad, needle in (
+        ("4X", "TURNKEEPER_SANDBOX_DISK: '4X' is not a size"),
+        ("512K", "TURNKEEPER_SANDBOX_DISK: .*greater than or equal to 1048576"),
+        ("0", "TURNKEEPER_SANDBOX_DISK"),
+    ):
+        with pytest.raises(ConfigError, match=needle):
+            load_settings(sandbox_disk=bad)
+
+
 @pytest.mark.parametrize(
     ("hostnames", "why"),
     [

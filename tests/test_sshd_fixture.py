@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from tests.sshd import Sshd, sshd_unavailable
+from tests.unavailable import cannot_run
 from turnkeeper.embedded.ports import LOOPBACK
-
-pytestmark = pytest.mark.skipif(sshd_unavailable() is not None, reason=str(sshd_unavailable()))
 
 
 @pytest.fixture
 def sshd(tmp_path: Path) -> Iterator[Sshd]:
+    cannot_run(sshd_unavailable())
     server = Sshd(tmp_path / "sshd")
     yield server
     server.stop()

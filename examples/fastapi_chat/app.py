@@ -8,7 +8,7 @@ browser, and who the users are stays this app's business: here, HTTP Basic
 against a table given in the environment.
 
     TURNKEEPER_URL=http://127.0.0.1:8000 TURNKEEPER_API_KEY=tk_... \\
-    CHAT_USERS=ada:s3cret,grace:hopper uvicorn examples.fastapi_chat.app:app --port 8100
+    CHAT_USERS=ada:lovelace,grace:hopper .venv/bin/uvicorn examples.fastapi_chat.app:app --port 8100
 """
 
 import os
@@ -22,22 +22,43 @@ from urllib.parse import quote
 
 import httpx
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
-from fastapi.responses import FileResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.security import HTTPBasic, HTTPBasicCredentials
 from pydantic import BaseModel, Field
 
 STATIC = Path(__file__).parent / "static"
+REQUIRED = ("TURNKEEPER_URL", "TURNKEEPER_API_KEY", "CHAT_USERS")
 # A stream is parked for as long as a reply takes: no read timeout on it.
 STREAM_TIMEOUT = httpx.Timeout(30.0, read=None)
+UNREACHABLE = "turnkeeper does not answer; is it running at TURNKEEPER_URL?"
+RUN_PREFIX = "fastapi-chat-"
+"""Every run id of this app starts with it: another app on the same turnkeeper (the
+Django example, say) never picks the same id."""
 
 
 class Message(BaseModel):
     prompt: str = Field(min_length=1, max_length=20_000)
+    id: uuid.UUID
+    """Picked by the page, once per message: a post sent again is the same run."""
 
 
 def session_of(user: str) -> str:
     """The user's conversation: one turnkeeper session per user of this app."""
     return f"fastapi-chat/{user}"
+
+
+def run_id_of(message_id: uuid.UUID) -> str:
+    return f"{RUN_PREFIX}{message_id}"
+
+
+def refused(response: httpx.Response) -> HTTPException:
+    """turnkeeper's refusal of a message, as this app answers it."""
+    if response.status_code == 409:  # the id names a run of another message
+        return HTTPException(409, "that message id is taken; send it with a new one")
+    if response.status_code == 429:  # the app's key is over its rate or running limit
+        retry = {"Retry-After": response.headers.get("Retry-After", "1")}
+        return HTTPException(429, "too many messages; try again shortly", headers=retry)
+    return HTTPException(502, f"turnkeeper refused the message: {response.text}")
 
 
 def create_app(
@@ -65,13 +86,18 @@ def create_app(
 
     app = FastAPI(title="chat", lifespan=lifespan)
 
+    @app.exception_handler(httpx.TransportError)
+    async def unreachable(request: Request, exc: httpx.TransportError) -> JSONResponse:
+        """A 502 that says so, not a server error, when turnkeeper cannot be reached."""
+        return JSONResponse({"detail": UNREACHABLE}, status_code=502)
+
     def turnkeeper_of(request: Request) -> httpx.AsyncClient:
         client: httpx.AsyncClient = request.app.state.turnkeeper
         return client
 
     @app.get("/")
     async def page(_: User) -> FileResponse:
-        return FileResponse(STATIC / "index.html")
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
 
     @app.get("/chat.js")
     async def script(_: User) -> FileResponse:
@@ -81,11 +107,10 @@ def create_app(
     async def send(message: Message, user: User, request: Request) -> dict[str, str]:
         """The user's next message: a run of their session, the reply to stream."""
         session = quote(session_of(user), safe="")
-        # The app picks the run id: a retried POST of the same id is the same run.
-        body = {"agent": agent, "prompt": message.prompt, "run_id": str(uuid.uuid4())}
+        body = {"agent": agent, "prompt": message.prompt, "run_id": run_id_of(message.id)}
         response = await turnkeeper_of(request).post(f"/sessions/{session}/runs", json=body)
         if response.status_code != 201:
-            raise HTTPException(502, f"turnkeeper refused the message: {response.text}")
+            raise refused(response)
         return {"run_id": response.json()["run_id"]}
 
     @app.get("/messages/{run_id}/events")
@@ -106,7 +131,7 @@ def create_app(
         upstream = await turnkeeper.send(
             turnkeeper.build_request("GET", f"{path}/events", headers=headers), stream=True
         )
-        if upstream.status_code != 200:
+        if upstream.status_code != 200:  # a resume retention cut off (410), say
             await upstream.aread()
             await upstream.aclose()
             raise HTTPException(upstream.status_code, upstream.text)
@@ -134,13 +159,20 @@ def users_from(spec: str) -> dict[str, str]:
 
 
 def app_from_environment() -> FastAPI:
+    missing = [name for name in REQUIRED if not os.environ.get(name)]
+    if missing:
+        raise RuntimeError(f"set {', '.join(missing)}: see examples/README.md")
     return create_app(
         os.environ["TURNKEEPER_URL"],
         os.environ["TURNKEEPER_API_KEY"],
-        users_from(os.environ.get("CHAT_USERS", "")),
+        users_from(os.environ["CHAT_USERS"]),
         agent=os.environ.get("CHAT_AGENT", "scripted"),
     )
 
 
-if os.environ.get("TURNKEEPER_URL"):  # `uvicorn examples.fastapi_chat.app:app`
-    app = app_from_environment()
+def __getattr__(name: str) -> FastAPI:
+    """``uvicorn examples.fastapi_chat.app:app``: the app, configured from the environment
+    when uvicorn asks for it (importing the module alone reads nothing)."""
+    if name == "app":
+        return app_from_environment()
+    raise AttributeError(name)

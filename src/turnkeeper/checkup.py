@@ -1,4 +1,5 @@
-"""Health checks of the services turnkeeper needs, shared by `turnkeeper doctor` and the web app."""
+"""Health checks of the services turnkeeper needs, shared by `turnkeeper doctor` and the web
+app, and of the catalog's agents (`turnkeeper.agents.readiness`), for `doctor`."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ class CheckResult:
     ok: bool
     target: str
     detail: str
+    informational: bool = False
+    """Reported, never failed: a preset nobody set up."""
 
 
 def redact(url: str) -> str:
@@ -93,6 +96,20 @@ def check_broker(settings: Settings) -> CheckResult:
 
 def run_checks(settings: Settings) -> list[CheckResult]:
     return [check_database(settings), check_redis(settings), check_broker(settings)]
+
+
+def check_agents(settings: Settings) -> list[CheckResult]:
+    """A line per agent that is ready or not set up, and one per problem of the others."""
+    from turnkeeper.agents import readiness  # noqa: PLC0415 - keeps `--help` fast
+
+    results = []
+    for report in readiness.check_agents(settings):
+        if report.problems:
+            results += [CheckResult("agent", False, report.agent, p) for p in report.problems]
+        else:
+            informational = not report.configured
+            results.append(CheckResult("agent", True, report.agent, report.found, informational))
+    return results
 
 
 def _one_line(exc: BaseException) -> str:

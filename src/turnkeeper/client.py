@@ -30,48 +30,81 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from typing import Any, ParamSpec, Self, TypedDict, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypedDict, TypeVar, Unpack
 
-import anyio.to_thread
-from celery import Celery
 from uuid6 import uuid7
 
-from turnkeeper.agents.spec import AgentSpec
 from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
 from turnkeeper.conversation import AsyncSession, Session
-from turnkeeper.driver import lifecycle
-from turnkeeper.driver.output import end_log
-from turnkeeper.driver.replay import StoredLog
 from turnkeeper.envelope import EnvSealer
-from turnkeeper.errors import AgentError, InvalidInputError, RunConflictError, RunNotFoundError
-from turnkeeper.log import AsyncRunLog, RunLog
+from turnkeeper.errors import (
+    AgentError,
+    InvalidInputError,
+    LogUnavailableError,
+    RunConflictError,
+    RunNotFoundError,
+)
+from turnkeeper.log import AsyncRunLog, LogOrigin, RunLog
+from turnkeeper.logconfig import configure_library_logging, get_logger
 from turnkeeper.secret import ServerSecret
 from turnkeeper.store.records import Run, RunStatus, TranscriptEntry, check_id
 from turnkeeper.store.store import Store
-from turnkeeper.tasks import create_app, enqueue_run
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from turnkeeper.agents.spec import AgentSpec
+    from turnkeeper.driver.replay import StoredLog
+
+log = get_logger(__name__)
 
 
 class Client:
-    def __init__(self, settings: Settings, *, store: Store, log: RunLog, app: Celery) -> None:
+    """What a run is driven and followed through: the store, the log and the broker.
+
+    Only ``submit`` sends a message, so the Celery app is made on its first use, not
+    here (``app``): a script that follows or cancels runs in a loop loads neither Celery
+    nor what a worker drives a turn with (bench/cli_start.py)."""
+
+    def __init__(
+        self, settings: Settings, *, store: Store, log: RunLog, app: Celery | None = None
+    ) -> None:
         self.settings = settings
         self.store = store
         self.log = log
         if log.source is None:  # a lost log is rebuilt from the store, never read as empty
-            log.source = StoredLog(store)
-        self.app = app
+            log.source = _StoredLogSource(store)
+        self._app = app
+        self._app_lock = threading.Lock()
         self._sealer: EnvSealer | None = None
         self._sealer_lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Client:
-        """A client on the settings' servers (both URLs must be set)."""
+        """A client on the settings' servers: the URLs they name, else the embedded
+        servers ``turnkeeper dev`` runs in their data directory, found as the CLI
+        finds them (a ConfigError says how to start them when none run)."""
+        configure_library_logging(settings.log_format)
+        if settings.uses_embedded:  # else nothing to look up, nor its modules to load
+            from turnkeeper.embedded import resolve_services  # noqa: PLC0415
+
+            settings, _ = resolve_services(settings, start=False)
         return cls(
             settings,
             store=Store(settings.require_database_url(), pool_size=5),
             log=RunLog.from_settings(settings),
-            app=create_app(settings),
         )
+
+    @property
+    def app(self) -> Celery:
+        """The Celery app that enqueues runs (``queues.broker_app``), made on first use."""
+        with self._app_lock:
+            if self._app is None:
+                from turnkeeper.queues import broker_app  # noqa: PLC0415 - loads Celery
+
+                self._app = broker_app(self.settings)
+            return self._app
 
     @classmethod
     def from_urls(
@@ -127,7 +160,13 @@ class Client:
         API key. ``from_entry``: an earlier entry of the session's transcript the
         run's input follows (a branch: a retry, an edited message), refused with
         ``cannot-fork`` where the agent cannot continue its conversation from there.
+        A prompt the agent can never be given (``AgentSpec.check_prompt``) is a
+        ``PromptError``, and no run is admitted.
         """
+        from turnkeeper.agents.spec import AgentSpec  # noqa: PLC0415 - only submit needs it
+        from turnkeeper.queues import enqueue_run  # noqa: PLC0415 - loads Celery
+
+        app = self.app  # made before the run is admitted: a run is admitted to be sent
         spec = AgentSpec.from_payload(agent if isinstance(agent, str) else dict(agent))
         merged_env = {**spec.env, **dict(env or {})}
         if env:
@@ -135,6 +174,7 @@ class Client:
             spec = AgentSpec.from_payload(spec.to_payload())  # validate the merged env
         if not isinstance(prompt, str):
             raise InvalidInputError("prompt must be a string", reason="invalid-prompt")
+        spec.check_prompt(prompt)  # a prompt the agent can never be given makes no run
         if provider is not None and provider not in ("local", "bwrap", "ssh"):
             raise InvalidInputError(
                 f"unknown sandbox provider {provider!r}; known: local, bwrap, ssh",
@@ -158,7 +198,7 @@ class Client:
             key_name=key_name,
         )
         if created or run.status is RunStatus.QUEUED:
-            enqueue_run(self.app, self.settings, run_id, store=self.store)
+            enqueue_run(app, self.settings, run_id, store=self.store)
             self.store.mark_dispatched(run_id)
         return run
 
@@ -210,17 +250,36 @@ class Client:
         return run
 
     def cancel(self, run_id: str) -> Run:
-        """Abort a queued run at once; a running one stops within one heartbeat."""
+        """Abort a run. One nobody drives (queued, behind its session, awaiting adoption,
+        or whose owner's lease ran out) is settled here at once; a driven one is
+        announced to its owner, which stops its agent and settles it within about a
+        second (docs/architecture.md, "Cancelling a run")."""
         before = self.require(run_id)
         run = self.store.request_cancel(run_id)
         if run is None:
             return self.require(run_id)
         if before.status is RunStatus.QUEUED and run.status is RunStatus.ABORTED:
-            # Nobody owns it to end its log: do it here, fenced above any epoch it had.
-            self.log.fence(run_id, run.epoch + 1)
-            # The final chunk its settled status and error call for, as a rebuild makes it.
-            end_log(self.log, run_id, run.epoch + 1, lifecycle.final_chunk(run))
+            self._end_unowned_log(run)
+        elif run.status is RunStatus.RUNNING:
+            for settled in self.store.expire_exhausted(1, run_id=run_id):
+                self._end_unowned_log(settled)
+                return settled
         return run
+
+    def _end_unowned_log(self, run: Run) -> None:
+        """End the log of a run settled without an owner, fenced above any epoch it had:
+        what the store holds and the log lacks, then the final chunk its settled status
+        and error call for, as a rebuild makes it (``driver/ending.py``). A log someone
+        else ended meanwhile stays as that one ended it."""
+        # Only a cancel ends a log: loaded here, not with the client.
+        from turnkeeper.driver.ending import end_unowned_log  # noqa: PLC0415
+
+        try:
+            end_unowned_log(self.log, self.store, run)
+        except LogUnavailableError as exc:
+            # The run is settled: the cancel took, and an error would say it did not. The
+            # reaper ends the log once Redis is back (``reconciler._end_open_logs``).
+            log.warning("run.log_end_deferred", run_id=run.run_id, error=str(exc))
 
     def list_runs(
         self,
@@ -262,6 +321,23 @@ class Client:
 
     def transcript(self, session_id: str) -> list[TranscriptEntry]:
         return self.store.active_path(session_id)
+
+
+class _StoredLogSource:
+    """``driver.replay.StoredLog``, imported when a log is first rebuilt (one Redis lost,
+    or the first of a queued run cancelled): reading a log that Redis holds, the usual
+    case, needs none of the replay (the agents' translators, the journal format)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._stored: StoredLog | None = None
+
+    def origin(self, run_id: str) -> LogOrigin | None:
+        if self._stored is None:
+            from turnkeeper.driver.replay import StoredLog  # noqa: PLC0415 - see above
+
+            self._stored = StoredLog(self.store)
+        return self._stored.origin(run_id)
 
 
 class SubmitOptions(TypedDict, total=False):
@@ -314,8 +390,9 @@ class AsyncClient:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> AsyncClient:
-        """A client on the settings' servers (both URLs must be set)."""
-        return cls(Client.from_settings(settings), AsyncRunLog.from_settings(settings))
+        """A client on the settings' servers, found as ``Client.from_settings`` finds them."""
+        sync = Client.from_settings(settings)
+        return cls(sync, AsyncRunLog.from_settings(sync.settings))
 
     @classmethod
     def from_urls(
@@ -340,6 +417,8 @@ class AsyncClient:
 
     @staticmethod
     async def _call(function: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        import anyio.to_thread  # noqa: PLC0415 - only the async client hops to threads
+
         return await anyio.to_thread.run_sync(functools.partial(function, *args, **kwargs))
 
     # --- runs -------------------------------------------------------------------------

@@ -212,6 +212,12 @@ class Settings(BaseSettings):
     requeue_after: float = Field(
         default=30.0, gt=0, description="Re-enqueue queued runs nobody claimed for this long."
     )
+    cancel_listen: bool = Field(
+        default=True,
+        description="Hear a cancel the moment it commits (Postgres LISTEN on one connection "
+        "per worker process); off, a cancel waits for the owner's next heartbeat (behind a "
+        "transaction-mode pooler, where LISTEN does not work).",
+    )
     crash_detection: bool = Field(
         default=True,
         description="Hand a run over as soon as its owner's process dies (its owner lock "
@@ -245,6 +251,12 @@ class Settings(BaseSettings):
     )
     sandbox_memory: int = Field(
         default=4 * 1024**3, gt=0, description="Memory of one sandbox, bytes or 4G, 512M..."
+    )
+    sandbox_disk: int = Field(
+        default=4 * 1024**3,
+        ge=1024 * 1024,
+        description="Disk an agent may fill in its workspace, bytes or 4G, 512M... (and one "
+        "file per 16 KiB of it); an agent past it is stopped and its run fails disk-limit.",
     )
     sandbox_cpus: float = Field(default=2.0, gt=0, le=1024, description="CPUs of one sandbox.")
     sandbox_pids: int = Field(default=1024, ge=16, description="Tasks of one sandbox.")
@@ -351,7 +363,7 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["auto", "json", "console"] = "auto"
 
-    @field_validator("sandbox_memory", "max_line_bytes", mode="before")
+    @field_validator("sandbox_memory", "sandbox_disk", "max_line_bytes", mode="before")
     @classmethod
     def _size(cls, value: object) -> object:
         return parse_size(value) if isinstance(value, str) else value

@@ -107,10 +107,6 @@ class TranscriptConflictError(StoreError):
     """The session's transcript leaf moved: another writer appended first."""
 
 
-class MigrationError(StoreError):
-    """The database schema is not at the revision this code expects."""
-
-
 # --- sandbox and journal -------------------------------------------------------
 
 
@@ -180,6 +176,18 @@ class AgentError(TurnkeeperError):
 
 class UnknownAgentError(AgentError):
     """No agent preset or output format has this name."""
+
+
+class PromptError(AgentError):
+    """The agent cannot be given this prompt."""
+
+
+class EmptyPromptError(PromptError):
+    """The prompt is empty: a run needs input."""
+
+
+class PromptTooLongError(PromptError):
+    """The prompt is longer than the agent can be given."""
 
 
 # --- run log -------------------------------------------------------------------
@@ -261,6 +269,14 @@ class SessionNotFoundError(ClientError):
 
 class AuthenticationError(ClientError):
     """No valid API key or stream token came with the request."""
+
+
+class AuthorizationHeaderError(AuthenticationError):
+    """The ``Authorization`` header is not ``Bearer KEY``."""
+
+
+class UnsupportedMediaTypeError(ClientError):
+    """The request body must be JSON, sent with ``Content-Type: application/json``."""
 
 
 class NotPermittedError(ClientError):

@@ -22,10 +22,6 @@ def new_owner(host_id: str) -> str:
     return f"{host_id}:{os.getpid()}:{secrets.token_hex(6)}"
 
 
-def owner_host(owner: str) -> str:
-    return owner.split(":", 1)[0]
-
-
 def owner_pid(owner: str) -> int:
     """The process id an owner id names (an owner of a version before the token too)."""
     return int(owner.split(":")[1])

@@ -7,7 +7,8 @@ beat sends to that host's queue.
 
 Every sweep is safe to run several times at once (two beats, an operator's
 ``--once``): rows are taken with ``FOR UPDATE SKIP LOCKED`` in the store, log
-writes are fenced, and destroying a sandbox twice is a no-op.
+writes are fenced, and destroying a sandbox twice is a no-op. Each records when it
+finished (``Store.record_sweep``): the fleet page warns once a sweep is overdue.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from typing import Any
 import structlog
 
 from turnkeeper.driver import lifecycle
-from turnkeeper.driver.output import end_log
-from turnkeeper.errors import LogClosedError, LogFencedError, TurnkeeperError
+from turnkeeper.driver.ending import end_unowned_log
+from turnkeeper.errors import ServiceError, TurnkeeperError
 from turnkeeper.hosts import HOST_LOCAL_PROVIDERS
 from turnkeeper.sandbox import SandboxRef
 from turnkeeper.store.records import Claim, Run
@@ -111,6 +112,7 @@ def reconcile(
     report = ReconcileReport(len(handed), len(redispatched), len(failed), len(stale), len(rerouted))
     if handed or redispatched or failed or stale or rerouted:
         log.info("reconcile.done", **report.__dict__)
+    rt.store.record_sweep("reconcile")
     return report
 
 
@@ -140,18 +142,14 @@ def _fence_log(rt: WorkerRuntime, claim: Claim) -> None:
 
 
 def end_run_log(rt: WorkerRuntime, run: Run) -> None:
-    """Close the log of a run settled without its owner (or whose owner died right
-    after settling it), with the final chunk its status and error call for.
+    """End the log of a run settled without its owner (or whose owner died right
+    after settling it): what the store holds and the log lacks, then the final chunk
+    its status and error call for (``driver/ending.py``).
 
     The fence at ``epoch + 1`` refuses anything its last owner might still append.
     """
-    epoch = run.epoch + 1
+    end_unowned_log(rt.log, rt.store, run)
     final = lifecycle.final_chunk(run)
-    try:
-        rt.log.fence(run.run_id, epoch)
-        end_log(rt.log, run.run_id, epoch, final)
-    except (LogClosedError, LogFencedError):
-        pass  # someone closed it meanwhile; the first end wins
     log.info("run.log_ended", run_id=run.run_id, final=final["type"], reason=final.get("code"))
 
 
@@ -170,6 +168,7 @@ def reap_fleet(rt: WorkerRuntime) -> ReapReport:
     report = ReapReport(destroyed, 0, _end_open_logs(rt))
     if report.destroyed or report.logs_ended:
         log.info("reap.done", share="fleet", **report.__dict__)
+    rt.store.record_sweep("reap")
     return report
 
 
@@ -228,14 +227,25 @@ def _end_open_logs(rt: WorkerRuntime) -> int:
     """Close the logs of recently settled runs that a crash left open (a run settled by
     the reconciler or a cancel, whose process died before it closed the log), so that
     no follower waits forever. Only runs settled well within the log's retention are
-    looked at: an older log may have expired, and must not be recreated."""
+    looked at: an older log may have expired, and must not be recreated.
+
+    Sweeps overlap: a log another sweep (or the run's owner) ends meanwhile is ended
+    once all the same, and one log this sweep cannot end is left to the next sweep
+    without keeping it from the others. A service that is down stops the sweep."""
     within = min(3600.0, rt.settings.log_retention / 2)
     ended = 0
     for run in rt.store.recently_settled(within, 500):
         state = rt.log.state(run.run_id)
-        if not state.closed:
+        if state.closed:
+            continue
+        try:
             end_run_log(rt, run)
-            ended += 1
+        except ServiceError:
+            raise
+        except TurnkeeperError as exc:
+            log.warning("reap.log_end_failed", run_id=run.run_id, error=str(exc))
+            continue
+        ended += 1
     return ended
 
 
@@ -250,6 +260,7 @@ def prune(rt: WorkerRuntime) -> int:
     workers = rt.store.prune_workers(rt.settings.settled_retention)
     if total or workers:
         log.info("prune.done", runs=total, workers=workers)
+    rt.store.record_sweep("prune")
     return total
 
 

@@ -21,12 +21,11 @@ import secrets
 import sys
 from pathlib import Path
 
-import structlog
-
 from turnkeeper.config import ENV_PREFIX, MIN_SECRET_BYTES, Settings
 from turnkeeper.errors import ConfigError
+from turnkeeper.logconfig import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # One label per use of the secret; a new use gets a new label, never a shared one.
 STREAM_TOKENS = "turnkeeper/stream-tokens/v1"

@@ -28,6 +28,10 @@ env_from = ["OPENAI_API_KEY"]
 [agents.lint]
 command = ["ruff", "check", "."]
 format = "text"
+
+[agents.filed]
+preset = "claude-code"
+env_files = { ANTHROPIC_API_KEY = "/etc/turnkeeper/anthropic.key" }
 """
 
 
@@ -39,7 +43,15 @@ def catalog(tmp_path: Path) -> Catalog:
 
 
 def test_names_resolve_to_specs_with_the_catalogs_limits(catalog: Catalog) -> None:
-    assert catalog.names == ["claude-code", "codex", "keyed", "lint", "reviewer", "scripted"]
+    assert catalog.names == [
+        "claude-code",
+        "codex",
+        "filed",
+        "keyed",
+        "lint",
+        "reviewer",
+        "scripted",
+    ]
     reviewer = catalog.admit("reviewer", allow_commands=False, env={"EXTRA": "1"})
     assert reviewer.agent == {
         "preset": "claude-code",
@@ -82,6 +94,9 @@ def test_names_resolve_to_specs_with_the_catalogs_limits(catalog: Catalog) -> No
         ),
         ("keyed", {"env": {"OPENAI_BASE_URL": "http://x"}}, NotPermittedError, "env-not-listed"),
         ("keyed", {"env": {"PATH": "/tmp"}}, NotPermittedError, "env-not-listed"),
+        # A file's key is the operator's as much as a worker variable's.
+        ("filed", {"env": {"ANTHROPIC_API_KEY": "x"}}, NotPermittedError, "env-fixed"),
+        ("filed", {"env": {"ANTHROPIC_BASE_URL": "http://x"}}, NotPermittedError, "env-not-listed"),
     ],
 )
 def test_what_would_loosen_is_refused(
@@ -106,6 +121,31 @@ def test_inline_specs_with_leave_but_never_worker_variables(catalog: Catalog) ->
     assert caught.value.reason == "env-from"
 
 
+def test_env_files_names_the_files_and_never_holds_their_values(catalog: Catalog) -> None:
+    """The payload (what Postgres keeps) holds the variable's name and its file's path;
+    the worker reads the value as it builds the sandbox."""
+    filed = catalog.admit("filed", allow_commands=False)
+    assert filed.agent == {
+        "preset": "claude-code",
+        "env_files": {"ANTHROPIC_API_KEY": "/etc/turnkeeper/anthropic.key"},
+    }
+    assert filed.env == {}
+    assert catalog.agents["filed"].request_env == frozenset()
+    assert catalog.agents["filed"].operator
+    assert not catalog.agents["claude-code"].operator
+
+
+def test_inline_specs_never_name_worker_files(catalog: Catalog) -> None:
+    for spec in (
+        {"command": ["cat"], "format": "text", "env_files": {"K": "/etc/shadow"}},
+        {"preset": "claude-code", "env_files": {"ANTHROPIC_API_KEY": "/etc/shadow"}},
+    ):
+        with pytest.raises(NotPermittedError) as caught:
+            catalog.admit(spec, allow_commands=True)
+        assert caught.value.reason == "env-files"
+        assert "only the operator's catalog may set it" in caught.value.message
+
+
 def test_provider_strength() -> None:
     assert at_least_as_strong("bwrap", "local")
     assert at_least_as_strong("local", "local")
@@ -125,6 +165,18 @@ def test_provider_strength() -> None:
         ("[agents.x]\npreset = 'scripted'\nmax_attempts = 0", "max_attempts is an integer"),
         ("[agents.x]\npreset = 'scripted'\nenv_from = ['TURNKEEPER_SECRET']", "env_from cannot"),
         ("[agents.x]\npreset = 'scripted'\nenv = { A = 1 }", "env maps names to strings"),
+        ("[agents.x]\npreset = 'scripted'\nenv_files = ['/k']", "env_files maps env names"),
+        ("[agents.x]\npreset = 'scripted'\nenv_files = { K = 1 }", "env_files maps env names"),
+        ("[agents.x]\npreset = 'scripted'\nenv_files = { K = 'k' }", "must be an absolute path"),
+        ("[agents.x]\npreset = 'scripted'\nenv_files = { LD_PRELOAD = '/k' }", "LD_PRELOAD"),
+        (
+            "[agents.x]\npreset = 'scripted'\nenv_files = { TURNKEEPER_SECRET = '/k' }",
+            "cannot set the variable",
+        ),
+        (
+            "[agents.x]\npreset = 'scripted'\nenv_from = ['K']\nenv_files = { K = '/k' }",
+            "named by both env_from and env_files",
+        ),
         ("[agents.x]\npreset = 'scripted'\nrequest_env = 'A'", "request_env is a list"),
         ("[agents.x]\npreset = 'scripted'\nrequest_env = ['LD_PRELOAD']", "LD_PRELOAD"),
         ("[agents.'a b']\npreset = 'scripted'", "a name is 1 to 64 ASCII letters"),

@@ -197,3 +197,29 @@ def test_other_items_and_a_failed_turn() -> None:
     ]
     assert translator.failure == "stream disconnected"
     assert translator.finish() == []
+
+
+def test_a_stream_retry_reported_as_an_error_event_does_not_fail_the_turn() -> None:
+    """Codex 0.169 reports each retry of its model stream as a top-level ``error``
+    event and goes on: the run fails only on ``turn.failed`` (or its exit code)."""
+    retry = "Reconnecting... 2/5 (stream disconnected before completion)"
+    events = [
+        {"type": "thread.started", "thread_id": "th-1"},
+        {"type": "turn.started"},
+        {"type": "error", "message": retry},
+        {"type": "item.completed", "item": {"id": "i1", "type": "agent_message", "text": "ok"}},
+        {"type": "turn.completed", "usage": {"input_tokens": 1, "output_tokens": 1}},
+    ]
+    translator = translator_for("codex", "r")
+    chunks = [c for e in events for c in translator.feed(orjson.dumps(e))]
+    assert chunks[1] == {
+        "type": "CUSTOM",
+        "name": "turnkeeper.agent_error",
+        "value": {"agent": "codex", "message": retry, "fatal": False},
+    }
+    assert [c["type"] for c in chunks[2:5]] == [
+        "TEXT_MESSAGE_START",
+        "TEXT_MESSAGE_CONTENT",
+        "TEXT_MESSAGE_END",
+    ]
+    assert translator.failure is None

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import turnkeeper
-from turnkeeper.agents.spec import AgentSpec, safe_session_id
-from turnkeeper.errors import AgentError, UnknownAgentError
+from turnkeeper.agents.spec import CLAUDE_CODE_ENV, AgentSpec, require_prompt, safe_session_id
+from turnkeeper.errors import (
+    AgentError,
+    EmptyPromptError,
+    PromptError,
+    PromptTooLongError,
+    UnknownAgentError,
+)
 from turnkeeper.sandbox import PROMPT, PROMPT_FILE, AgentCommand
+from turnkeeper.sandbox.command import MAX_ARGUMENT_BYTES, prompt_refusal
 
 
 def test_a_command_spec_places_the_prompt_only_in_its_own_element() -> None:
@@ -54,24 +62,69 @@ def test_presets_resolve_to_their_commands() -> None:
     assert AgentSpec.from_payload(scripted.to_payload()) == scripted
 
     # The CLI presets read the prompt on stdin: no argument of theirs is ever the prompt.
+    # Their own permission prompts are off (nobody answers one in -p mode): the jail is
+    # the boundary.
     claude = AgentSpec.from_payload("claude-code")
     flags = ("--output-format", "stream-json", "--verbose", "--include-partial-messages")
-    assert claude.start_command() == AgentCommand(("claude", "-p", *flags), stdin_prompt=True)
-    assert claude.continuation_command(session_id="s-1") == AgentCommand(
-        ("claude", "-p", "--resume", "s-1", *flags), stdin_prompt=True
+    flags += ("--permission-mode", "bypassPermissions")
+    assert claude.start_command() == AgentCommand(
+        ("claude", "-p", *flags), env=CLAUDE_CODE_ENV, stdin_prompt=True
     )
+    assert claude.continuation_command(session_id="s-1") == AgentCommand(
+        ("claude", "-p", "--resume", "s-1", *flags), env=CLAUDE_CODE_ENV, stdin_prompt=True
+    )
+    assert claude.to_payload() == {"preset": "claude-code"}
     with pytest.raises(AgentError) as caught:
         claude.continuation_command()
     assert caught.value.reason == "no-session-id"
 
-    codex = AgentSpec.from_payload({"preset": "codex", "args": ["--skip-git-repo-check"]})
+    codex = AgentSpec.from_payload("codex")
     assert codex.format == "codex"
+    outside = ("--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox")
     assert codex.start_command() == AgentCommand(
-        ("codex", "exec", "--json", "--skip-git-repo-check", "-"), stdin_prompt=True
+        ("codex", "exec", "--json", *outside, "-"), stdin_prompt=True
     )
     assert codex.continuation_command(session_id="th").argv == (
-        "codex", "exec", "--json", "--skip-git-repo-check", "resume", "th", "-",
+        "codex", "exec", "--json", *outside, "resume", "th", "-",
     )  # fmt: skip
+
+
+def test_preset_options_narrow_what_the_agent_may_do() -> None:
+    claude = AgentSpec.from_payload(
+        {
+            "preset": "claude-code",
+            "permission_mode": "dontAsk",
+            "allowed_tools": ["Bash(git *)", "Read"],
+            "disallowed_tools": ["WebFetch"],
+            "model": "sonnet",
+            "env": {"IS_SANDBOX": "0"},
+        }
+    )
+    assert claude.start_command().argv[-8:] == (
+        "--permission-mode", "dontAsk", "--allowedTools", "Bash(git *),Read",
+        "--disallowedTools", "WebFetch", "--model", "sonnet",
+    )  # fmt: skip
+    assert claude.env == {**CLAUDE_CODE_ENV, "IS_SANDBOX": "0"}
+    assert AgentSpec.from_payload(claude.to_payload()) == claude
+    codex = AgentSpec.from_payload(
+        {"preset": "codex", "profile": "review", "base_url": "https://llm.internal/v1"}
+    )
+    assert codex.start_command().argv[5:-1] == (
+        "--profile", "review", "-c", 'openai_base_url="https://llm.internal/v1"',
+    )  # fmt: skip
+    assert AgentSpec.from_payload(codex.to_payload()) == codex
+    for bad in [
+        {"preset": "claude-code", "permission_mode": "manual"},
+        {"preset": "codex", "base_url": 'https://x" -c sandbox="off'},
+        {"preset": "codex", "allowed_tools": ["Bash"]},
+        {"preset": "claude-code", "model": "--dangerously-skip-permissions"},
+        {"preset": "claude-code", "allowed_tools": ["--mcp-config=/x"]},
+        {"preset": "codex", "profile": '--config=openai_base_url="http://elsewhere"'},
+        {"preset": "codex", "model": "-c"},
+    ]:
+        with pytest.raises(AgentError) as caught:
+            AgentSpec.from_payload(bad)
+        assert caught.value.reason == "bad-spec"
 
 
 @pytest.mark.parametrize(
@@ -119,17 +172,21 @@ def test_bad_specs_fail_with_a_clear_error(
 
 def test_a_follow_up_resumes_the_agents_own_conversation_or_starts_anew() -> None:
     flags = ("--output-format", "stream-json", "--verbose", "--include-partial-messages")
+    flags += ("--permission-mode", "bypassPermissions")
     claude = AgentSpec.from_payload("claude-code")
     # Each follow-up forks: the run's own id then names the conversation as it left it.
     assert claude.follow_up_command(session_id="s-1") == AgentCommand(
-        ("claude", "-p", "--resume", "s-1", *flags, "--fork-session"), stdin_prompt=True
+        ("claude", "-p", "--resume", "s-1", *flags, "--fork-session"),
+        env=CLAUDE_CODE_ENV,
+        stdin_prompt=True,
     )
     # No id reported (or one unsafe to pass back): a new conversation, as a first run.
     for unusable in (None, "--dangerously-skip-permissions", "a b", "../x", "", "x" * 201):
         assert claude.follow_up_command(session_id=unusable) == claude.start_command()
     codex = AgentSpec.from_payload("codex")
     assert codex.follow_up_command(session_id="th").argv == (
-        "codex", "exec", "--json", "resume", "th", "-",
+        "codex", "exec", "--json", "--skip-git-repo-check",
+        "--dangerously-bypass-approvals-and-sandbox", "resume", "th", "-",
     )  # fmt: skip
     scripted = AgentSpec.from_payload("scripted")
     assert scripted.recalls_transcript
@@ -168,3 +225,77 @@ def test_a_branch_is_refused_where_the_agent_cannot_fork_there() -> None:
     )
     assert "cannot fork" in str(codex.branch_refusal(at_run_end=True, at_leaf=False))
     assert codex.branch_refusal(at_run_end=True, at_leaf=True) is None, "no branch at all"
+
+
+def _refused(spec: AgentSpec, prompt: str) -> tuple[type[Exception], str | None, dict[str, Any]]:
+    with pytest.raises(PromptError) as caught:
+        spec.check_prompt(prompt)
+    return type(caught.value), caught.value.reason, caught.value.fields
+
+
+def test_a_prompt_is_measured_in_the_utf8_bytes_the_agent_receives() -> None:
+    """Admission's check is spawn's decision (``prompt_refusal``): the argument limit
+    counts UTF-8 bytes, not characters, and holds wherever ``{prompt}`` is an argument
+    (the scripted preset's first process and its continuation, or a command's
+    continuation alone); a prompt on stdin or in its file has none."""
+    scripted = AgentSpec.from_payload("scripted")
+    assert scripted.prompt_as_argument
+    scripted.check_prompt("x" * MAX_ARGUMENT_BYTES)  # exactly at the limit
+    over = ("x" * (MAX_ARGUMENT_BYTES + 1), "ü" * (MAX_ARGUMENT_BYTES // 2 + 1))
+    assert len(over[1]) < MAX_ARGUMENT_BYTES < len(over[1].encode())  # fewer characters
+    for prompt in over:
+        size = len(prompt.encode())
+        assert _refused(scripted, prompt) == (
+            PromptTooLongError,
+            "prompt-too-long",
+            {"prompt_bytes": size, "limit_bytes": MAX_ARGUMENT_BYTES},
+        )
+        assert prompt_refusal(prompt.encode(), as_argument=True) is not None
+    scripted.check_prompt("ü" * (MAX_ARGUMENT_BYTES // 2) + "x")  # 131071 bytes
+    assert _refused(scripted, "a\x00b")[:2] == (PromptError, "bad-prompt")
+    assert _refused(scripted, "a\ud800")[:2] == (PromptError, "bad-prompt")
+    # The message says what the agent takes and how many bytes the prompt is.
+    with pytest.raises(PromptTooLongError) as caught:
+        scripted.check_prompt(over[1])
+    assert caught.value.message == (
+        f"the prompt is {MAX_ARGUMENT_BYTES + 1} bytes (UTF-8), and the agent takes it as "
+        f"one command-line argument, at most {MAX_ARGUMENT_BYTES} bytes: shorten it, or give "
+        "the agent {prompt_file} or its standard input instead"
+    )
+    continued = AgentSpec.from_payload(
+        {"command": ["agent"], "format": "text", "continue": ["agent", "--task", PROMPT]}
+    )
+    assert _refused(continued, over[0])[1] == "prompt-too-long"
+    mebibyte = "x" * (1024 * 1024)
+    for payload in (
+        "claude-code",  # stdin
+        "codex",
+        {"command": ["agent", PROMPT_FILE], "format": "text"},
+        {"command": ["agent"], "format": "text", "prompt_stdin": True},
+        {"command": ["agent", "x{prompt}"], "format": "text"},  # not the whole element
+    ):
+        spec = AgentSpec.from_payload(payload)
+        assert not spec.prompt_as_argument, payload
+        spec.check_prompt(mebibyte + "\x00")
+        assert prompt_refusal((mebibyte + "\x00").encode(), as_argument=False) is None
+
+
+@pytest.mark.parametrize("prompt", ["", " ", "\n\t ", "\u3000"])
+def test_an_empty_prompt_is_refused_at_the_edges(prompt: str) -> None:
+    with pytest.raises(EmptyPromptError) as caught:
+        require_prompt(prompt)
+    assert (caught.value.reason, caught.value.message) == (
+        "empty-prompt",
+        "the prompt is empty: give the agent the input of its turn",
+    )
+    assert require_prompt(" x ") == " x "
+
+
+def test_an_env_value_no_exec_can_pass_is_refused_before_a_run_exists() -> None:
+    """The spawn's own limit (``check_command``), applied when the spec is read: a run
+    is never admitted only to fail with ``env-too-long``."""
+    fits = "v" * (MAX_ARGUMENT_BYTES - len("BIG="))
+    assert AgentSpec.from_payload({"preset": "scripted", "env": {"BIG": fits}}).env == {"BIG": fits}
+    with pytest.raises(AgentError) as caught:
+        AgentSpec.from_payload({"preset": "scripted", "env": {"BIG": fits + "v"}})
+    assert "the environment variable BIG is 131072 bytes as NAME=value" in str(caught.value)

@@ -26,3 +26,14 @@ def default_fleet(settings: Settings, tmp_path: Path) -> Iterator[Fleet]:
         yield fleet
     finally:
         fleet.stop()
+
+
+@pytest.fixture
+def slow_beat_fleet(settings: Settings, tmp_path: Path) -> Iterator[Fleet]:
+    """A fleet whose heartbeat beats every 300 s (a lease lasts 900 s): a run stopped
+    within a test's hang guard was stopped by something else (a cancel's wake-up)."""
+    fleet = Fleet.create(settings, tmp_path / "logs", heartbeat_interval=300.0, lease_ttl=900.0)
+    try:
+        yield fleet
+    finally:
+        fleet.stop()

@@ -8,12 +8,14 @@ while the agents it started live on), on the test's database, Redis namespace
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -275,14 +277,24 @@ def kill_agents(fleet: Fleet) -> None:
     _kill_agents(fleet.settings.sandboxes_dir)
 
 
-def _kill_agents(root: Path) -> None:
-    """Agents live in sessions of their own: end any left under the test's sandboxes."""
+def agents_under(root: Path) -> list[int]:
+    """The pids of the live (not zombie) processes working under ``root``: the agents of
+    a fleet's sandboxes, whose working directories are their workspaces."""
+    found = []
     for proc in psutil.process_iter(["pid"]):
         try:
-            if Path(proc.cwd()).is_relative_to(root):
-                proc.kill()
+            if Path(proc.cwd()).is_relative_to(root) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
         except (psutil.Error, OSError, ValueError):
             continue
+    return found
+
+
+def _kill_agents(root: Path) -> None:
+    """Agents live in sessions of their own: end any left under the test's sandboxes."""
+    for pid in agents_under(root):
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).kill()
 
 
 def expected_log(
@@ -303,6 +315,11 @@ def expected_log(
     return chunks
 
 
+def output_lines(agent: dict[str, Any], prompt: str, workdir: Path) -> list[bytes]:
+    """The lines (with their newlines) ``agent`` prints, run directly in ``workdir``."""
+    return _output_lines(AgentSpec.from_payload(dict(agent)), prompt, workdir)
+
+
 def _output_lines(spec: AgentSpec, prompt: str, workdir: Path) -> list[bytes]:
     workdir.mkdir(parents=True, exist_ok=True)
     out = subprocess.run(
@@ -316,29 +333,32 @@ def _output_lines(spec: AgentSpec, prompt: str, workdir: Path) -> list[bytes]:
     return out.splitlines(keepends=True)
 
 
-# The agent's lines passed through as they come; after the argv[2]-th the process
-# stops itself (SIGSTOP) until the test lets it go on (SIGCONT). argv[1] names it.
+# The agent's lines passed through as they come; after each line whose number is in
+# argv[2] (comma-separated) the process stops itself (SIGSTOP) until the test lets it
+# go on (SIGCONT). argv[1] names it.
 _HOLD = """import os, signal, subprocess, sys
-held, argv = int(sys.argv[2]), sys.argv[3:]
+held, argv = {int(n) for n in sys.argv[2].split(",")}, sys.argv[3:]
 child = subprocess.Popen(argv, stdout=subprocess.PIPE)
 for number, line in enumerate(child.stdout, start=1):
     sys.stdout.buffer.write(line)
     sys.stdout.buffer.flush()
-    if number == held:
+    if number in held:
         os.kill(os.getpid(), signal.SIGSTOP)
 sys.exit(child.wait())
 """
 
 
-def held_agent(agent: dict[str, Any], token: str, lines: int) -> dict[str, Any]:
+def held_agent(agent: dict[str, Any], token: str, lines: int | Sequence[int]) -> dict[str, Any]:
     """``agent`` (a preset) as an inline spec that stops after ``lines`` lines of output
-    until ``release_held(token)``: the same bytes as ``agent``'s, so its oracle is
-    ``agent``'s. A crash test kills the owner while the agent is held, so the run cannot
-    have settled first however slow the machine. A continuation is ``agent``'s own."""
+    (or after each of several line numbers) until ``release_held(token)``: the same bytes
+    as ``agent``'s, so its oracle is ``agent``'s. A crash test kills the owner while the
+    agent is held, so the run cannot have settled first however slow the machine. A
+    continuation is ``agent``'s own."""
     spec = AgentSpec.from_payload(dict(agent))
     assert isinstance(spec.continue_, list)
+    holds = ",".join(map(str, [lines] if isinstance(lines, int) else lines))
     return {
-        "command": [sys.executable, "-c", _HOLD, token, str(lines), *spec.command],
+        "command": [sys.executable, "-c", _HOLD, token, holds, *spec.command],
         "continue": list(spec.continue_),
         "format": spec.format,
     }
@@ -389,7 +409,9 @@ def log_of_output(run_id: str, session_id: str, output_format: str, out: bytes) 
     return chunks
 
 
-def follow_up_prompt(prompt: str, earlier: list[tuple[str, list[Chunk]]]) -> str:
+def follow_up_prompt(
+    prompt: str, earlier: list[tuple[str, list[Chunk]]], max_bytes: int | None = None
+) -> str:
     """What the scripted agent is given in a follow-up: the prompt, then each earlier
     run's prompt and the text of each message its log shows, one line each, oldest
     first (docs/architecture.md, "Follow-ups"); from the logs, not the transcript."""
@@ -401,7 +423,19 @@ def follow_up_prompt(prompt: str, earlier: list[tuple[str, list[Chunk]]]) -> str
             if chunk["type"] == "TEXT_MESSAGE_CONTENT":
                 texts[chunk["messageId"]] = texts.get(chunk["messageId"], "") + chunk["delta"]
         lines.extend(f"assistant: {' '.join(text.split())}" for text in texts.values() if text)
-    return "\n".join(lines)
+    if max_bytes is None or len("\n".join(lines).encode()) <= max_bytes:
+        return "\n".join(lines)
+    # Too long to hand over whole: the newest recalled lines that fit, after a note of
+    # how many older ones were left out.
+    head, recalled = lines[:3], lines[3:]
+    for keep in range(len(recalled) - 1, -1, -1):
+        left_out = len(recalled) - keep
+        note = f"({left_out} earlier lines of this conversation left out: too long to recall)"
+        kept = recalled[len(recalled) - keep :] if keep else []
+        candidate = "\n".join([*head, note, *kept])
+        if len(candidate.encode()) <= max_bytes:
+            return candidate
+    return prompt  # not even the heading and the note fit: the message alone
 
 
 def transcript_of_tool_turns(run: Run, tool_turns: int) -> list[str]:

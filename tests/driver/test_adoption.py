@@ -21,8 +21,9 @@ from tests.driver.fleet import Fleet, expected_log
 from tests.driver.test_outages import RABBITMQ
 from turnkeeper import reconciler
 from turnkeeper.config import Settings
+from turnkeeper.queues import control_queue, enqueue_takeover, turns_queue
 from turnkeeper.store.records import Run, RunStatus
-from turnkeeper.tasks import control_queue, create_app, enqueue_takeover, turns_queue
+from turnkeeper.tasks import create_app
 from turnkeeper.workers.runtime import WorkerRuntime
 
 AGENT: dict[str, Any] = {"preset": "scripted", "turns": 3, "pace": 0.1, "seed": 12}
@@ -47,6 +48,7 @@ def assert_log_is_oracle(fleet: Fleet, run: Run, agent: dict[str, Any], workdir:
     assert [chunk for _, chunk in stored] == oracle
 
 
+@pytest.mark.slow
 def test_a_takeover_waits_for_a_slot_on_a_saturated_fleet(
     settings: Settings, database_url: str, tmp_path: Path
 ) -> None:
@@ -121,7 +123,9 @@ def test_duplicate_takeover_messages_adopt_once(
     run, attempt_id, epoch = _hand_over_a_dead_run(fleet, AGENT)
     app = create_app(fleet.settings)
     for _ in range(3):
-        enqueue_takeover(app, fleet.settings, run.run_id, attempt_id, epoch)
+        enqueue_takeover(
+            app, fleet.settings, run.run_id, attempt_id, epoch, store=fleet.client.store
+        )
     fleet.start_worker(concurrency=3)
     done = fleet.wait_settled(run.run_id)
     assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
@@ -153,8 +157,9 @@ def test_a_takeover_is_served_before_queued_new_runs(
     try:
         handed, attempt_id, epoch = _hand_over_a_dead_run(fleet, quick)
         fresh = [fleet.client.submit(quick, PROMPT).run_id for _ in range(3)]
+        app = create_app(fleet.settings)
         enqueue_takeover(
-            create_app(fleet.settings), fleet.settings, handed.run_id, attempt_id, epoch
+            app, fleet.settings, handed.run_id, attempt_id, epoch, store=fleet.client.store
         )
         fleet.start_worker(concurrency=1)
         for run_id in [handed.run_id, *fresh]:
@@ -177,6 +182,7 @@ def test_a_takeover_is_served_before_queued_new_runs(
                     channel.queue_delete(queue)
 
 
+@pytest.mark.slow
 def test_a_run_whose_owners_die_twice_on_a_saturated_fleet_completes(
     settings: Settings, database_url: str, tmp_path: Path
 ) -> None:

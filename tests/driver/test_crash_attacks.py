@@ -95,6 +95,7 @@ def private_postgres(tmp_path: Path) -> Iterator[tuple[EmbeddedPostgres, int]]:
 LONG: dict[str, Any] = {"preset": "scripted", "turns": 3, "pace": 0.15, "seed": 12}
 
 
+@pytest.mark.slow
 def test_a_postgres_restart_hands_nothing_over_and_detection_resumes(
     settings: Settings, tmp_path: Path, private_postgres: tuple[EmbeddedPostgres, int]
 ) -> None:

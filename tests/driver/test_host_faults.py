@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from tests.driver.test_hosts import (
     HOST_DEAD_AFTER,
@@ -28,8 +29,8 @@ from tests.driver.test_hosts import (
 )
 from tests.driver.test_sandbox_loss import _wait_for_chunks
 from turnkeeper.owner import owner_pid
+from turnkeeper.queues import turns_queue
 from turnkeeper.store.records import RunStatus
-from turnkeeper.tasks import turns_queue
 
 __all__ = ["make_host"]  # the fixture, used by name
 
@@ -49,6 +50,7 @@ def _agents_under(root: Path) -> list[int]:
     return pids
 
 
+@pytest.mark.slow
 def test_a_takeover_waits_for_the_busy_worker_of_its_host_and_spends_nothing(
     make_host: MakeHost, tmp_path: Path
 ) -> None:
@@ -92,6 +94,7 @@ def test_a_takeover_waits_for_the_busy_worker_of_its_host_and_spends_nothing(
     assert done.sandbox_host == "host-a"
 
 
+@pytest.mark.slow
 def test_a_worker_that_serves_no_host_queue_does_not_keep_its_host_alive(
     make_host: MakeHost, tmp_path: Path
 ) -> None:

@@ -16,8 +16,9 @@ import redis
 
 from turnkeeper import reconciler
 from turnkeeper.config import Settings
+from turnkeeper.queues import REAP, TAKEOVER, enqueuers, host_queue, turns_queue
 from turnkeeper.store.records import Verdict
-from turnkeeper.tasks import REAP, TAKEOVER, create_app, enqueuers, host_queue, turns_queue
+from turnkeeper.tasks import create_app
 from turnkeeper.workers.runtime import WorkerRuntime
 
 HOST = "host-a"

@@ -34,7 +34,7 @@ from tests.driver.test_sandbox_loss import (
 from turnkeeper.config import Settings
 from turnkeeper.driver.lifecycle import INTERRUPTED
 from turnkeeper.driver.placement import Placement
-from turnkeeper.owner import owner_host, owner_pid
+from turnkeeper.owner import owner_pid
 from turnkeeper.sandbox import SandboxSpec, provider_for
 from turnkeeper.store.records import Run, RunStatus, Verdict
 from turnkeeper.store.store import Store
@@ -71,7 +71,8 @@ def make_host(settings: Settings, tmp_path: Path) -> Iterator[MakeHost]:
 
 
 def _host_of(owner: str) -> str:
-    return owner_host(owner)
+    """The host an owner id names (``owner.new_owner``: ``host:pid:token``)."""
+    return owner.split(":", 1)[0]
 
 
 def _assert_oracle(
@@ -100,6 +101,7 @@ def _assert_one_agent_process(fleet: Fleet, run: Run) -> None:
     assert [r[1] for r in rows] == [0, *ends[:-1]], "contiguous from byte 0, no byte twice"
 
 
+@pytest.mark.slow
 def test_a_worker_restarted_on_its_host_resumes_the_run_there(
     make_host: MakeHost, tmp_path: Path
 ) -> None:
@@ -138,6 +140,7 @@ HOST_DEAD_AFTER = 10.0
 
 
 @pytest.mark.parametrize("agent", ["scripted", "text"])
+@pytest.mark.slow
 def test_a_host_gone_for_good_is_declared_dead_and_its_runs_go_on_elsewhere(
     make_host: MakeHost, tmp_path: Path, agent: str
 ) -> None:
@@ -259,6 +262,7 @@ def test_each_host_reaps_its_own_sandboxes_whoever_runs_beat(make_host: MakeHost
 
 
 @pytest.mark.parametrize("pool", [None, "threads"])
+@pytest.mark.slow
 def test_a_drained_host_hands_its_live_runs_over_and_loses_nothing(
     make_host: MakeHost, tmp_path: Path, pool: str | None
 ) -> None:
@@ -390,6 +394,7 @@ def test_chaos_on_three_hosts(make_host: MakeHost, tmp_path: Path) -> None:
         assert owners == {done.sandbox_host}, (run_id, owners)
 
 
+@pytest.mark.slow
 def test_on_a_shared_sandboxes_volume_any_host_follows_the_journal(
     make_host: MakeHost, tmp_path: Path
 ) -> None:

@@ -24,12 +24,15 @@ import pytest
 from pydantic import ValidationError
 
 from tests.driver.fleet import Fleet, expected_log
+from tests.unremovable import unremovable
+from turnkeeper.agents.spec import AgentSpec
 from turnkeeper.config import Settings
+from turnkeeper.driver import lifecycle
 from turnkeeper.driver.placement import NEVER_STARTED, PlacedJournal, Placement, process_index
 from turnkeeper.driver.replay import stored_chunks
 from turnkeeper.errors import SandboxUnreachableError
-from turnkeeper.sandbox import JournalHandle, JournalPaths, SandboxRef
-from turnkeeper.sandbox.journal import new_nonce
+from turnkeeper.sandbox import JournalHandle, JournalPaths, SandboxRef, provider_for
+from turnkeeper.sandbox.journal import new_nonce, writer_argv
 from turnkeeper.store.records import Run, RunStatus
 from turnkeeper.workers.failpoints import failpoint, marker
 
@@ -40,6 +43,10 @@ COMMAND: dict[str, Any] = {
     "format": "text",
 }
 PROMPT = "start me once"
+DISARM_FAILED = (
+    "cannot remove the nonce file of a journal whose writer has not started: that writer "
+    "may still start the agent, so no other agent process may start for the run"
+)
 
 
 @pytest.mark.parametrize("agent", [SCRIPTED, COMMAND], ids=["scripted", "command"])
@@ -127,6 +134,112 @@ def test_writer_start_lost(
         fleet.stop()
 
 
+def test_a_nonce_the_disarm_cannot_remove_starts_no_second_agent(
+    settings: Any, tmp_path: Path
+) -> None:
+    """Path (a), with a nonce file the successor's disarm cannot remove: the journal's
+    writer may still start, so the journal is followed, never restarted in the next one.
+    The frozen predecessor's writer, launched late, finds its nonce and runs the agent:
+    once, in the first journal, and the run ends with it."""
+    # The follow waits for the late writer's first byte as long as a hang guard.
+    fleet = Fleet.create(
+        settings, tmp_path / "logs", failpoints="after-prepare", journal_stall_timeout=120.0
+    )
+    try:
+        fleet.start_pair()
+        run = fleet.client.submit(COMMAND, PROMPT)
+        reached = marker(fleet.settings, "after-prepare")
+        while not reached.exists():
+            time.sleep(0.05)
+        owned = fleet.wait(run.run_id, lambda r: r.owner is not None, what="an owner")
+        first = Placement.of(owned).journals[0].handle
+        with unremovable(Path(first.paths.nonce_file)):
+            fleet.signal_worker_of(owned, signal.SIGKILL)
+            decided = fleet.wait(
+                run.run_id,
+                lambda r: len(Placement.of(r).journals) > 1 or _disarm_failed(fleet, r.run_id),
+                what="the successor's decision on the first journal",
+            )
+            assert [(j.handle.paths.process, j.lost) for j in Placement.of(decided).journals] == [
+                (1, None)
+            ], fleet.dump_logs()
+        sandbox = provider_for(first.ref.provider, fleet.settings).resume(first.ref)
+        assert sandbox is not None
+        late = sandbox.launch(first.paths, AgentSpec.from_payload(COMMAND).start_command())
+        sandbox.start_detached(
+            writer_argv(
+                first.paths,
+                late.code,
+                journal_max_bytes=first.ref.spec.journal_max_bytes,
+                after_exit=late.after_exit,
+            )
+        )
+        done = fleet.wait_settled(run.run_id)
+        assert done.status is RunStatus.COMPLETED, (done.error, fleet.dump_logs())
+        assert (done.epoch, done.attempt_count) == (2, 2)
+        oracle = expected_log(done.run_id, done.session_id, COMMAND, PROMPT, tmp_path / "oracle")
+        assert [chunk for _, chunk in fleet.log_of(done.run_id)] == oracle
+        # The agent counts its runs in its workspace: the log says "1", and one journal.
+        assert [(j.handle.paths.process, j.lost) for j in Placement.of(done).journals] == [
+            (1, None)
+        ]
+    finally:
+        fleet.stop()
+
+
+@pytest.mark.parametrize("agent", [SCRIPTED, COMMAND], ids=["scripted", "command"])
+def test_a_stalled_journal_the_disarm_cannot_remove_fails_the_run(
+    settings: Any, database_url: str, tmp_path: Path, agent: dict[str, Any]
+) -> None:
+    """Path (c), with a nonce file that cannot be removed: the journal stalls, and giving
+    its process up for a continuation would leave a writer that can still start the agent
+    beside the next one. The run fails instead (``disarm-failed``); no agent ran."""
+    fleet = Fleet.create(
+        settings, tmp_path / "logs", failpoints="after-prepare=lost", journal_stall_timeout=3.0
+    )
+    try:
+        fleet.start_worker()
+        fleet.start_beat()
+        run = fleet.client.submit(agent, PROMPT)
+        reached = marker(fleet.settings, "after-prepare")
+        while not reached.exists():
+            time.sleep(0.05)
+        first = (
+            Placement.of(fleet.wait(run.run_id, lambda r: r.sandbox_ref is not None))
+            .journals[0]
+            .handle
+        )
+        with unremovable(Path(first.paths.nonce_file)):
+            done = fleet.wait_settled(run.run_id)
+        assert done.status is RunStatus.FAILED, (done.error, fleet.dump_logs())
+        assert done.error == {"reason": "disarm-failed", "message": DISARM_FAILED}
+        assert [chunk for _, chunk in fleet.log_of(done.run_id)] == [
+            lifecycle.run_started(done.run_id, done.session_id),
+            lifecycle.run_error(DISARM_FAILED, "disarm-failed"),
+        ]
+        assert [(j.handle.paths.process, j.lost) for j in Placement.of(done).journals] == [
+            (1, None)
+        ]
+        assert path_events(fleet, run.run_id) == [
+            "failpoint.reached",
+            "journal.start_skipped",
+            "journal.lost",
+            "journal.disarm_failed",  # the never-started check
+            "journal.disarm_failed",  # the give-up's own disarm
+        ], fleet.dump_logs()
+        with psycopg.connect(database_url) as conn:
+            stored = conn.execute(
+                "SELECT count(*) FROM segments WHERE run_id = %s", (done.run_id,)
+            ).fetchone()
+        assert stored == (0,), "no agent process wrote"
+    finally:
+        fleet.stop()
+
+
+def _disarm_failed(fleet: Fleet, run_id: str) -> bool:
+    return bool(fleet.events("journal.disarm_failed", run_id=run_id, files="worker-*.log"))
+
+
 def assert_started_once(
     fleet: Fleet, done: Run, agent: dict[str, Any], workdir: Path, database_url: str
 ) -> None:
@@ -158,6 +271,7 @@ PATH_EVENTS = {
     "journal.already_started",
     "journal.lost",
     "journal.never_started",
+    "journal.disarm_failed",
 }
 
 

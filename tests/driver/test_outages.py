@@ -14,8 +14,8 @@ from tests.driver.test_takeover import AGENT, PROMPT, _assert_log_is_oracle
 from turnkeeper.config import Settings
 from turnkeeper.embedded.ports import free_port
 from turnkeeper.embedded.redis import EmbeddedRedis
+from turnkeeper.queues import control_queue, turns_queue
 from turnkeeper.store.records import RunStatus
-from turnkeeper.tasks import control_queue, turns_queue
 
 
 def test_dropped_database_connections_are_retried_not_fatal(

@@ -52,3 +52,32 @@ def test_an_agent_killed_past_its_memory_limit_fails_with_that_reason(
         assert all(proc.poll() is None for proc in fleet.procs)  # the worker lives on
     finally:
         fleet.stop()
+
+
+def test_a_preset_with_its_permissions_off_is_named_when_it_runs_unjailed(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """claude-code turns its own permission checks off: only a jail bounds it, and the
+    ``local`` provider is none, so the worker says so as it starts the agent; under
+    ``bwrap`` it says nothing."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    claude = bin_dir / "claude"  # a stand-in that reads its prompt and says one thing
+    claude.write_text('#!/bin/sh\ncat >/dev/null\necho \'{"type": "unknown"}\'\n')
+    claude.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    for provider in ("local", "bwrap"):
+        fleet = Fleet.create(
+            settings,
+            tmp_path / f"logs-{provider}",
+            sandbox_provider=provider,
+            sandbox_ro_binds=str(bin_dir),
+        )
+        try:
+            fleet.start_worker()
+            run = fleet.client.submit("claude-code", "p", env=env)
+            fleet.wait_settled(run.run_id)
+            warned = fleet.events("agent.unbounded", run_id=run.run_id)
+        finally:
+            fleet.stop()
+        assert [w["preset"] for w in warned] == (["claude-code"] if provider == "local" else [])

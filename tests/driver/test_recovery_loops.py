@@ -95,6 +95,7 @@ def _attempt_count(fleet: Fleet, run_id: str) -> int:
     return int(row[0])
 
 
+@pytest.mark.slow
 def test_a_drain_costs_no_attempt_even_on_the_last_one(settings: Settings, tmp_path: Path) -> None:
     """A drain is the operator's choice, not the run's failure: a run on its last
     attempt (here its only one) is handed over by a drain, adopted by the redeployed

@@ -19,8 +19,8 @@ import psycopg
 
 from tests.driver.fleet import Fleet
 from turnkeeper.config import Settings, plain_postgres_url
+from turnkeeper.queues import RUN_TURN
 from turnkeeper.store.records import RunStatus
-from turnkeeper.tasks import RUN_TURN
 
 AGENT = {"preset": "scripted", "turns": 1, "pace": 0.0, "seed": 5}
 
@@ -29,6 +29,7 @@ BEFORE_OUTPUT = [
     "claim_and_begin",  # the claim, the run as claimed, its input, turn 0 begun
     "get_run",  # the run log's first fence: the log made at Postgres's epoch
     "record_sandbox",  # the placement: the sandbox and the journal, before the spawn
+    "renew_lease",  # the store asked, right before the spawn, whether the run is ours
     "update_turn_phase",  # provider_started, after the spawn
 ]
 PER_TURN = [

@@ -13,8 +13,8 @@ import pytest
 from tests.driver.fleet import Fleet, expected_log, follow_up_prompt
 from turnkeeper.agents.spec import AgentSpec
 from turnkeeper.errors import AgentError, InvalidInputError
+from turnkeeper.queues import enqueue_run
 from turnkeeper.store.records import RunStatus
-from turnkeeper.tasks import enqueue_run
 
 AGENT: dict[str, Any] = {"preset": "scripted", "turns": 1, "pace": 0.01, "seed": 4}
 

@@ -41,6 +41,7 @@ def fleet(settings: Settings, tmp_path: Path) -> Iterator[Fleet]:
         fleet.stop()
 
 
+@pytest.mark.slow
 def test_a_follow_up_waits_for_the_active_run_and_then_runs(fleet: Fleet, tmp_path: Path) -> None:
     fleet.start_worker()
     fleet.start_worker()  # a free slot: only the session keeps the follow-ups waiting

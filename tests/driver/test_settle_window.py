@@ -233,6 +233,7 @@ BLOCKER: dict[str, Any] = {
 }
 
 
+@pytest.mark.slow
 def test_a_stalled_settle_on_a_saturated_fleet_costs_one_adoption(
     settings: Settings, database_url: str, tmp_path: Path
 ) -> None:

@@ -95,6 +95,13 @@ def _waiting(fleet: Fleet, run_id: str) -> Run:
     )
 
 
+def _too_long_key(tmp_path: Path) -> str:
+    """A key file longer than any key (``worker_env.MAX_FILE_BYTES``)."""
+    path = tmp_path / "big.key"
+    path.write_text("v" * (128 * 1024))
+    return str(path)
+
+
 def _settled(fleet: Fleet, run_id: str) -> Run:
     return fleet.wait_settled(run_id, timeout=HANG)
 
@@ -103,6 +110,7 @@ def _settled(fleet: Fleet, run_id: str) -> Run:
 
 
 @pytest.mark.parametrize("restart", ["after-prepare=unreachable", "after-prepare=lost"])
+@pytest.mark.slow
 def test_runs_in_a_row_through_one_slot_each_start_after_every_ending(
     settings: Settings, tmp_path: Path, restart: str
 ) -> None:
@@ -131,10 +139,14 @@ def test_runs_in_a_row_through_one_slot_each_start_after_every_ending(
         )
         assert _journals(done) == [(1, NEVER_STARTED), (2, None)]
 
-        refused = fleet.client.submit(SCRIPTED, "x" * (128 * 1024))  # one argv string too long
+        # Refused as it starts: admission refuses a prompt or an env value no exec can
+        # take, not a key file the worker reads then (``env_files``) that is too long.
+        refused = fleet.client.submit(
+            {**SCRIPTED, "env_files": {"BIG": _too_long_key(tmp_path)}}, "refuse me"
+        )
         done = _settled(fleet, refused.run_id)
         assert done.status is RunStatus.FAILED, fleet.dump_logs()
-        assert done.error["reason"] == "prompt-too-long"
+        assert done.error["reason"] == "env-file"
         assert _chunks(fleet, done.run_id) == [
             lifecycle.run_started(done.run_id, done.session_id),
             lifecycle.final_chunk(done),
@@ -347,7 +359,13 @@ def test_a_turn_frozen_while_waiting_for_the_slot_starts_no_agent_when_it_wakes(
         settled = {run_id: _settled(fleet, run_id) for run_id in prompts}
         logs = {run_id: _chunks(fleet, run_id) for run_id in prompts}
         workspace = Placement.of(settled[waiter.run_id]).journals[0].handle.paths.directory
-        assert _run_files(workspace, waiter.run_id) == []  # removed at the settle
+        # Its owner removes them once it settled the run and closed its log: after the
+        # settle a client sees, so waited for, not asserted at once.
+        _wait_for(
+            fleet,
+            "the settled run's journals removed",
+            lambda: not _run_files(workspace, waiter.run_id),
+        )
 
         (_, _, stale_owner), _ = fleet.attempts(waiter.run_id)
         with psycopg.connect(fleet.settings.require_database_url()) as lock:

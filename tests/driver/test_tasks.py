@@ -15,8 +15,7 @@ from tests.driver.fleet import Fleet, expected_log
 from turnkeeper.client import Client
 from turnkeeper.config import Settings
 from turnkeeper.driver.placement import Placement
-from turnkeeper.store.records import RunStatus
-from turnkeeper.tasks import (
+from turnkeeper.queues import (
     PRUNE,
     REAP,
     REAP_HOST,
@@ -25,10 +24,11 @@ from turnkeeper.tasks import (
     TAKEOVER,
     TurnPriorities,
     control_queue,
-    create_app,
     host_queue,
     turns_queue,
 )
+from turnkeeper.store.records import RunStatus
+from turnkeeper.tasks import create_app
 
 AGENT = {"preset": "scripted", "turns": 1, "pace": 0.0, "seed": 9}
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, ClassVar
+from typing import Any
 
 OPENING = "I will run a command to check."
 CLOSING = "The command printed hello-from-tool. All done."
@@ -65,9 +65,15 @@ def _contains(value: Any, needle: str) -> bool:
 
 
 class Script:
-    """One API's answers; subclasses turn a request body into stream events."""
+    """One API's answers; subclasses turn a request body into stream events.
+
+    ``tool_command`` is the shell command the scripted tool call runs (a slow one keeps
+    a turn inside its tool call long enough to be disrupted there)."""
 
     endpoint = ""
+
+    def __init__(self, tool_command: str = TOOL_COMMAND) -> None:
+        self.tool_command = tool_command
 
     def events(self, body: dict[str, Any]) -> list[Event]:
         raise NotImplementedError
@@ -79,10 +85,10 @@ class Script:
 
 class AnthropicScript(Script):
     endpoint = "/v1/messages"
-    tool_input: ClassVar[dict[str, str]] = {
-        "command": TOOL_COMMAND,
-        "description": "Print a greeting",
-    }
+
+    @property
+    def tool_input(self) -> dict[str, str]:
+        return {"command": self.tool_command, "description": "Print a greeting"}
 
     def _answered(self, body: dict[str, Any]) -> bool:
         return _contains(body.get("messages"), "tool_result")
@@ -208,8 +214,8 @@ class ResponsesScript(Script):
             if isinstance(tool, dict) and tool.get("type") == "function"
         }
         if "exec_command" in names or not names:
-            return "exec_command", {"cmd": TOOL_COMMAND}
-        return "shell", {"command": ["bash", "-lc", TOOL_COMMAND]}
+            return "exec_command", {"cmd": self.tool_command}
+        return "shell", {"command": ["bash", "-lc", self.tool_command]}
 
     def events(self, body: dict[str, Any]) -> list[Event]:
         answered = self._answered(body)
@@ -339,7 +345,13 @@ class ModelServer:
         return f"http://{self.host}:{self.port}"
 
     def scripted_requests(self) -> list[Request]:
-        return [r for r in self.requests if r.path.split("?")[0] == self.script.endpoint]
+        """The model calls: POSTs to the script's endpoint (Codex's WebSocket attempts,
+        GETs this server cannot upgrade, are not calls)."""
+        return [
+            r
+            for r in self.requests
+            if r.method == "POST" and r.path.split("?")[0] == self.script.endpoint
+        ]
 
     def __enter__(self) -> ModelServer:
         self._server = ThreadingHTTPServer((self.host, self.port_wanted), _handler_for(self))

@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from tests.integration.agent_runs import (
-    CODEX_FLAGS,
     PROMPT,
     RUN_TIMEOUT,
     claude_chunks,
@@ -104,12 +103,7 @@ def test_claude_code_preset_journaled_translates_like_a_direct_run(
     agent_clis: AgentClis, anthropic_server: ModelServer, tmp_path: Path
 ) -> None:
     run_id = "run-cc-journaled"
-    spec = AgentSpec.from_payload(
-        {
-            "preset": "claude-code",
-            "args": ["--allowedTools", "Bash", "--permission-mode", "bypassPermissions"],
-        }
-    )
+    spec = AgentSpec.from_payload("claude-code")  # as shipped: its tool call must run
     lines, exit_code = run_journaled(
         tmp_path,
         anthropic_server,
@@ -134,7 +128,7 @@ def test_codex_preset_journaled_translates_like_a_direct_run(
     agent_clis: AgentClis, responses_server: ModelServer, tmp_path: Path
 ) -> None:
     run_id = "run-cx-journaled"
-    spec = AgentSpec.from_payload({"preset": "codex", "args": CODEX_FLAGS})
+    spec = AgentSpec.from_payload("codex")  # as shipped: outside git, no nested sandbox
     lines, exit_code = run_journaled(
         tmp_path,
         responses_server,

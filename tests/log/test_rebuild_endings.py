@@ -22,7 +22,7 @@ from tests.log.test_rebuild import LINES, Owner, _admit, lose
 from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
 from turnkeeper.driver import lifecycle
-from turnkeeper.driver.output import end_log
+from turnkeeper.driver.ending import end_log
 from turnkeeper.driver.replay import StoredLog
 from turnkeeper.embedded.ports import free_port
 from turnkeeper.errors import (
@@ -89,7 +89,7 @@ def test_an_owner_ending_its_log_meets_it_rebuilt_and_closed(
     losing = LosingBeforeWrite.from_settings(settings, source=rt.log.source)
     try:
         losing.lose_before = lost_before
-        end_log(losing, "owner-end-1", owner.claim.epoch, final)
+        end_log(losing, rt.store, "owner-end-1", owner.claim.epoch)
         assert losing.lose_before == ""  # the loss happened
     finally:
         losing.client.close()
@@ -126,6 +126,7 @@ def _down_store() -> Store:
     return Store(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/nowhere")
 
 
+@pytest.mark.slow
 def test_a_lost_log_with_postgres_down_is_a_service_error(
     rt: WorkerRuntime,
     settings: Settings,
@@ -240,6 +241,7 @@ def test_a_fenced_zombies_append_racing_a_rebuild_is_refused(
     assert rt.log.state("zrace-1").epoch == 2
 
 
+@pytest.mark.slow
 def test_state_under_a_loss_racing_every_look_is_whole_or_a_service_error(
     rt: WorkerRuntime, settings: Settings
 ) -> None:

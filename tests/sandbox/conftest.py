@@ -2,10 +2,11 @@
 
 The ssh fixtures start one ``sshd`` on a free loopback port with host and user keys
 generated in a temporary directory only root can enter; bwrap and ssh tests skip,
-naming the missing binary, only when it is not installed. ``ssh_target`` logs in as
-root; ``ssh_agent_target`` as ``SSH_AGENT_USER``, an unprivileged system account the
-fixture creates when it is missing (the deployment's sandbox host logs its workers in
-as such an account), with its sandboxes under a directory of its own.
+naming the missing binary, only when it is not installed, and fail then in CI
+(``tests/unavailable.py``). ``ssh_target`` logs in as root; ``ssh_agent_target`` as
+``SSH_AGENT_USER``, an unprivileged system account the fixture creates when it is
+missing (the deployment's sandbox host logs its workers in as such an account), with
+its sandboxes under a directory of its own.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.sshd import Sshd, sshd_unavailable
+from tests.unavailable import cannot_run, require_bwrap, skip_or_fail
 from turnkeeper.sandbox.bwrap import BwrapProvider
 from turnkeeper.sandbox.egress import stop_proxies
 from turnkeeper.sandbox.local import LocalProvider
@@ -53,14 +55,12 @@ def _ssh_agent_user() -> pwd.struct_passwd:
     try:
         return pwd.getpwnam(SSH_AGENT_USER)
     except KeyError:
-        pytest.skip(f"cannot create the user {SSH_AGENT_USER}: {done.stderr.decode()[-300:]}")
+        skip_or_fail(f"cannot create the user {SSH_AGENT_USER}: {done.stderr.decode()[-300:]}")
 
 
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
-    unavailable = sshd_unavailable()
-    if unavailable is not None:
-        pytest.skip(unavailable)
+    cannot_run(sshd_unavailable())
     # Its own files below pytest's 0700 root: root's alone. sshd reads authorized keys
     # as the user logging in: they live where any user can.
     shared = Path(tempfile.mkdtemp(prefix="tk-sshd-"))
@@ -135,8 +135,7 @@ def make_provider(name: str, request: pytest.FixtureRequest, root: Path) -> Sand
     if name == "local":
         return LocalProvider(root)
     if name == "bwrap":
-        if shutil.which("bwrap") is None:
-            pytest.skip("bubblewrap (bwrap) is not installed")
+        require_bwrap()
         return BwrapProvider(root, uids=UidPool(*TEST_UIDS))
     target: SshTarget = request.getfixturevalue("ssh_target")
     provider = SshProvider(target)

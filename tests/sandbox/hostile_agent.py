@@ -22,6 +22,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 SKIP_WALK = ("/proc", "/sys", "/dev")
@@ -182,7 +183,14 @@ def daemon(tag: str) -> str:
         ["python3", "-c", code, tag], start_new_session=True,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    return "started"
+    # The test outside sees it running, then lets the agent go on: however slow the
+    # machine, the daemon is seen before the run ends and its sandbox goes.
+    seen = Path("/workspace/daemon-seen")
+    for _ in range(6000):
+        if seen.exists():
+            return "started"
+        time.sleep(0.05)
+    return "never seen"
 
 
 def memory_bomb() -> str:

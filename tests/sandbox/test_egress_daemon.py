@@ -4,9 +4,12 @@ restarted on the same path, holding nothing of the fleet, reachable only where i
 
 from __future__ import annotations
 
+import ipaddress
+import itertools
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -16,6 +19,7 @@ import psutil
 import pytest
 
 import turnkeeper
+from tests.sandbox.conftest import TEST_UIDS
 from tests.sandbox.egress_support import (
     EchoServer,
     ProxyLog,
@@ -28,8 +32,10 @@ from tests.sandbox.egress_support import (
     short_data_dir,
     stop_daemon,
 )
+from tests.unavailable import skip_or_fail
 from turnkeeper.errors import EgressProxyError
 from turnkeeper.sandbox.egress import ProxyPaths, answers, ensure_proxy, lock_holder
+from turnkeeper.sandbox.egress.host import connect_unix
 
 # A stand-in worker: imports first, then waits at a gate so that starters race on
 # ensure_proxy itself; prints the socket path; with a second argument, lingers.
@@ -206,6 +212,7 @@ def test_the_daemon_holds_nothing_of_the_fleet(
         "socket": str(paths.socket),
         "allow": [f"127.0.0.1:{upstream.port}"],
         "dumpable": False,
+        "uid": 65534 if os.geteuid() == 0 else os.geteuid(),  # a root starter's drops
     }
 
 
@@ -273,10 +280,11 @@ def _connects_as(uid: int, gid: int, socket_path: Path) -> str:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching uids needs root")
-@pytest.mark.skipif(shutil.which("setpriv") is None, reason="setpriv (util-linux) is missing")
 def test_only_the_jail_group_reaches_a_group_socket(
     data_dir: Path, upstream: UpstreamServer, stopped_after: Callable[[ProxyPaths], ProxyPaths]
 ) -> None:
+    if shutil.which("setpriv") is None:
+        skip_or_fail("setpriv (util-linux) is missing")
     settings = settings_for(data_dir, f"127.0.0.1:{upstream.port}")
     stopped_after(paths_for(settings, jail_gid=65534))
     socket_path = ensure_proxy(settings, jail_gid=65534)
@@ -343,3 +351,144 @@ def test_a_daemon_whose_data_dir_is_removed_exits(upstream: UpstreamServer) -> N
             process.kill()  # its pidfile went with the directory
             raise
         assert daemons_for(paths) == []
+
+
+_PRIVILEGE_FIELDS = (
+    "Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs",
+)  # fmt: skip
+NO_CAPABILITY = "0000000000000000"
+
+
+def _privileges(pid: int) -> dict[str, str]:
+    """What /proc says the process may do: its ids, groups, capability sets, no_new_privs."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in _PRIVILEGE_FIELDS:
+            fields[name] = value.strip()
+    return fields
+
+
+def _unprivileged(uid: int) -> dict[str, str]:
+    ids = "\t".join([str(uid)] * 4)  # real, effective, saved, filesystem
+    capabilities = dict.fromkeys(("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"), NO_CAPABILITY)
+    return {"Uid": ids, "Gid": ids, "Groups": "", **capabilities, "NoNewPrivs": "1"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a daemon started by root has rights to drop")
+@pytest.mark.parametrize(
+    ("jail_gid", "runs_as"),
+    [(None, 65534), (TEST_UIDS[0], TEST_UIDS[0])],
+    ids=["no-jail-group", "jail-group"],
+)
+def test_a_root_daemon_parses_requests_unprivileged(
+    data_dir: Path,
+    upstream: UpstreamServer,
+    stopped_after: Callable[[ProxyPaths], ProxyPaths],
+    jail_gid: int | None,
+    runs_as: int,
+) -> None:
+    """The proxy parses hostile agents' HTTP: once its socket is bound it is a uid of no
+    one (the uid range's first id, which no sandbox gets; nobody without a range), with no
+    group, no capability in any set and no way back through an exec."""
+    settings = settings_for(data_dir, f"127.0.0.1:{upstream.port}")
+    paths = stopped_after(paths_for(settings, jail_gid=jail_gid))
+    socket_path = ensure_proxy(settings, jail_gid=jail_gid)
+    pid = lock_holder(paths.pidfile)
+    assert pid is not None
+    assert _privileges(pid) == _unprivileged(runs_as)
+    assert ask(socket_path, small(upstream)).status == 200
+    connect = f"CONNECT 127.0.0.1:{upstream.port} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    with connect_unix(socket_path, timeout=60) as tunnel:
+        tunnel.sendall(connect)
+        assert tunnel.recv(12) == b"HTTP/1.1 200"
+    # What it made as root stays the fleet's: the socket's group, its files' modes.
+    assert _mode(socket_path) == (("0o666", 0) if jail_gid is None else ("0o660", jail_gid))
+    for private in (paths.pidfile, paths.log, paths.stderr):
+        assert (oct(private.stat().st_mode & 0o7777), private.stat().st_uid) == ("0o600", 0)
+    # Both requests went into the log it opened as root and still writes.
+    assert [e["event"] for e in ProxyLog(paths.log).events()] == [
+        "egress.started", "egress.allowed", "egress.allowed",
+    ]  # fmt: skip
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a daemon started by root has rights to drop")
+def test_an_unprivileged_daemon_still_resolves_names(
+    data_dir: Path, stopped_after: Callable[[ProxyPaths], ProxyPaths]
+) -> None:
+    """A name's lookup runs in a thread of the executor, with the IDNA codec: modules the
+    daemon loads before it drops, since its interpreter may live where its uid cannot read
+    (a pyenv under /root)."""
+    name = socket.gethostname()
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(name, 80, type=socket.SOCK_STREAM)}
+    except OSError:
+        pytest.skip(f"this host's name {name} does not resolve")
+    if not all(ipaddress.ip_address(address).is_loopback for address in addresses):
+        pytest.skip(f"this host's name {name} does not resolve to loopback alone")
+    settings = settings_for(data_dir, f"{name}:80")
+    paths = stopped_after(paths_for(settings))
+    socket_path = ensure_proxy(settings)
+    pid = lock_holder(paths.pidfile)
+    assert pid is not None
+    assert _privileges(pid) == _unprivileged(65534)
+    reply = ask(socket_path, f"GET http://{name}/ HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    assert (reply.status, reply.headers["x-proxy-error"]) == (403, "blocked-address")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a daemon started by root has rights to drop")
+def test_an_unprivileged_daemon_rotates_the_log_it_opened_as_root(
+    data_dir: Path, upstream: UpstreamServer, stopped_after: Callable[[ProxyPaths], ProxyPaths]
+) -> None:
+    """The log's rotation renamed files in the fleet's egress directory, which the daemon
+    can no longer write: it now copies between the files it opened before it dropped."""
+    settings = settings_for(data_dir, f"127.0.0.1:{upstream.port}")
+    paths = stopped_after(paths_for(settings))
+    paths.pidfile.parent.mkdir(mode=0o711)
+    allow = f"127.0.0.1:{upstream.port}"
+    argv = [
+        sys.executable, "-m", "turnkeeper.sandbox.egress", "--socket", str(paths.socket),
+        "--pidfile", str(paths.pidfile), "--log", str(paths.log), "--allow", allow,
+        "--user", "65534", "--log-max-bytes", "2000",
+    ]  # fmt: skip
+    paths.socket.parent.mkdir(mode=0o711)
+    subprocess.run(argv, check=True, timeout=60)
+    requests = 80
+    for _ in range(requests):
+        assert ask(paths.socket, small(upstream)).status == 200
+    generations = [Path(f"{paths.log}.2"), Path(f"{paths.log}.1"), paths.log]
+    allowed = {"event": "egress.allowed", "host": "127.0.0.1", "port": upstream.port}
+    events = [e for path in generations for e in ProxyLog(path).events()]
+    # The start rotated out long ago: every line kept is a request's, each one whole.
+    assert events == [{**allowed, "method": "GET"}] * len(events)
+    # Each older file was full when it rolled: the line after it did not fit.
+    texts = [path.read_bytes() for path in generations]
+    for older, newer in itertools.pairwise(texts):
+        next_line = newer.split(b"\n", 1)[0] + b"\n"
+        assert len(older) <= 2000 < len(older) + len(next_line)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a daemon started by root has rights to drop")
+def test_a_root_without_setpcap_still_drops_its_uid(
+    data_dir: Path, upstream: UpstreamServer, stopped_after: Callable[[ProxyPaths], ProxyPaths]
+) -> None:
+    """Some containers' root may not empty its bounding set: the daemon becomes its uid
+    all the same, with no capability it could use and no_new_privs against any exec."""
+    settings = settings_for(data_dir, f"127.0.0.1:{upstream.port}")
+    paths = stopped_after(paths_for(settings))
+    paths.socket.parent.mkdir(parents=True, mode=0o711)
+    argv = [
+        "setpriv", "--bounding-set=-setpcap", "--",
+        sys.executable, "-m", "turnkeeper.sandbox.egress", "--socket", str(paths.socket),
+        "--pidfile", str(paths.pidfile), "--log", str(paths.log),
+        "--allow", f"127.0.0.1:{upstream.port}", "--user", "65534",
+    ]  # fmt: skip
+    subprocess.run(argv, check=True, timeout=60)
+    pid = lock_holder(paths.pidfile)
+    assert pid is not None
+    privileges = _privileges(pid)
+    assert int(privileges.pop("CapBnd"), 16) & (1 << 8) == 0  # CAP_SETPCAP, as it was given
+    expected = _unprivileged(65534)
+    del expected["CapBnd"]
+    assert privileges == expected
+    assert ask(paths.socket, small(upstream)).status == 200

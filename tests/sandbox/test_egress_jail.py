@@ -21,10 +21,16 @@ from tests.sandbox.egress_support import (
     short_data_dir,
     stop_daemon,
 )
+from tests.unavailable import cannot_run
 from turnkeeper.sandbox.egress import ensure_proxy, proxy_environment
 
 _WHY = jail_unavailable()
-pytestmark = pytest.mark.skipif(_WHY is not None, reason=_WHY or "")
+
+
+@pytest.fixture(autouse=True)
+def _jail_available() -> None:
+    cannot_run(_WHY)
+
 
 URLLIB = "import sys, urllib.request as r; sys.stdout.write(r.urlopen('{url}').read().decode())"
 # One line per attempt: CONNECT status, HTTP status, curl's exit code.

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,6 +118,17 @@ class DaemonWatch(threading.Thread):
             for proc in psutil.process_iter(["pid", "cmdline"]):
                 if self.tag in (proc.info["cmdline"] or []):
                     self.pids.add(proc.info["pid"])
+
+
+def _let_go_once_seen(fleet: Fleet, run_id: str, watch: DaemonWatch) -> None:
+    """The agent waits, its daemon running, until the watch has seen the daemon."""
+    run = fleet.wait(run_id, lambda r: r.sandbox_ref, 120, "a sandbox")
+    assert run.sandbox_ref is not None
+    deadline = time.monotonic() + 300  # a hang guard
+    while not watch.pids and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert watch.pids, "the daemon was never seen running"
+    (Path(run.sandbox_ref["sandbox"]["root"]) / "workspace" / "daemon-seen").touch()
 
 
 # Where ssh's jail differs from bwrap's under a root worker (README, "Security"): bwrap
@@ -225,6 +237,7 @@ def test_a_hostile_agent_gets_nothing(
         json.dumps(config),
         run_id="hostile",
     )
+    _let_go_once_seen(fleet, hostile.run_id, watch)
     hostile = fleet.wait_settled(hostile.run_id, timeout=600)
     watch.done.set()
     watch.join()
@@ -261,7 +274,6 @@ def test_a_hostile_agent_gets_nothing(
     assert nonce not in fleet.dump_logs()
 
     # The daemon it left is gone, found from outside by its tag.
-    assert watch.pids, "the daemon was never seen running"
     assert [pid for pid in watch.pids if psutil.pid_exists(pid)] == []
 
     # The victim and the worker went on as if nothing happened.

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import shutil
 import socket
 import uuid
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.sandbox.conftest import TEST_UIDS, release_remote
+from tests.unavailable import require_bwrap, skip_or_fail
 from turnkeeper.errors import SandboxError
 from turnkeeper.sandbox import (
     JournalReader,
@@ -79,13 +79,12 @@ def _tree() -> CgroupTree:
     try:
         return CgroupTree.detect()
     except SandboxError as exc:
-        pytest.skip(f"no usable cgroup here: {exc.message}")
+        skip_or_fail(f"no usable cgroup here: {exc.message}")
 
 
 @pytest.fixture(params=["bwrap", "ssh"])
 def jailed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SandboxProvider]:
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap (bwrap) is not installed")
+    require_bwrap()
     if request.param == "bwrap":
         yield BwrapProvider(
             tmp_path / "sandboxes", limits=LIMITS, cgroups=_tree(), uids=UidPool(*TEST_UIDS)

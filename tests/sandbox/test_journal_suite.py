@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from tests.sandbox.conftest import TEST_UIDS
+from tests.unremovable import unremovable
 from turnkeeper.errors import AgentVanishedError, JournalExistsError, JournalStalledError
 from turnkeeper.sandbox import (
     AgentCommand,
@@ -46,7 +47,7 @@ from turnkeeper.sandbox.journal import (
     new_nonce,
     writer_argv,
 )
-from turnkeeper.sandbox.runner import never_started
+from turnkeeper.sandbox.runner import disarm, never_started
 from turnkeeper.sandbox.ssh import SshProvider
 
 RUN = "run-1"
@@ -449,6 +450,36 @@ def test_a_writer_launched_after_never_started_exits_before_the_agent(sandbox: S
     assert journal_bytes(paths) == b""
     assert not (Path(sandbox.ref.workspace) / "ran.txt").exists()
     assert never_started(sandbox, paths) is False  # its lock file is there now
+
+
+def test_a_nonce_the_disarm_cannot_remove_is_no_never_started(sandbox: Sandbox) -> None:
+    """The disarm's ``rm`` fails and the nonce file stays: a writer that has not started
+    yet can still read it and run the agent, so the journal is not found never started,
+    however missing its lock file is. Once the file can go, the disarm says so."""
+    command = AgentCommand(("/bin/sh", "-c", "echo ran >> ran.txt; echo the agent ran"))
+    nonce = new_nonce()
+    with pytest.raises(_KilledBeforeStartError):
+        spawn_journaled(sandbox, RUN, command, nonce=nonce, after_prepare=_killed)
+    paths = JournalPaths(sandbox.ref.journal_dir, RUN, 1)
+    with unremovable(Path(paths.nonce_file)):
+        assert disarm(sandbox, paths) is False
+        assert never_started(sandbox, paths) is False
+    assert sandbox.exec(liveness_argv(paths)).exit_code == LIVENESS_NOT_STARTED
+    # The writer a frozen predecessor launches now finds its nonce: the agent runs.
+    late = sandbox.launch(paths, command)
+    sandbox.start_detached(writer_argv(paths, late.code, after_exit=late.after_exit))
+    # The writer makes its lock file before it takes the lock: a free lock means done
+    # only once the writer has taken its nonce, which it does holding the lock.
+    while (
+        Path(paths.nonce_file).exists()
+        or sandbox.exec(liveness_argv(paths)).exit_code != LIVENESS_FREE
+    ):
+        time.sleep(0.05)
+    handle = JournalHandle(sandbox.ref, paths, nonce)
+    assert journal_bytes(paths) == b"the agent ran\n" + sentinel(handle, 0)
+    assert (Path(sandbox.ref.workspace) / "ran.txt").read_bytes() == b"ran\n"
+    assert not Path(paths.nonce_file).exists()
+    assert disarm(sandbox, paths) is True  # nothing left to remove: disarmed
 
 
 def test_never_started_leaves_a_running_writer_alone(sandbox: Sandbox) -> None:

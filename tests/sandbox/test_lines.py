@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from turnkeeper.sandbox.lines import LinePiece, LineSplitter, split_lines
+from turnkeeper.sandbox.lines import Line, LinePiece, LineSplitter, ReadPoint, split_lines
 
 
 def _reference(data: bytes, start: int) -> list[tuple[bytes, int]]:
@@ -152,3 +153,62 @@ def test_a_200_mb_line_streams_through_holding_one_piece() -> None:
     assert ends == [cap * k for k in range(1, 200)]
     assert (len(last[0]), last[1]) == (cap, (200 << 20) + 1)
     assert splitter.peak_pending <= cap + block
+
+
+def _split(splitter: LineSplitter, data: bytes, cuts: list[int]) -> list[Line]:
+    bounds = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
+    out: list[Line] = []
+    for lo, hi in itertools.pairwise(bounds):
+        out.extend(splitter.split(data[lo:hi]))
+    return out
+
+
+@given(
+    pieces=st.lists(st.sampled_from([b"\n", b"a", b"bb", b"\xe2\x82\xac", b"x" * 9])),
+    cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=10),
+    again=st.lists(st.integers(min_value=0, max_value=200), max_size=10),
+    start=st.integers(min_value=0, max_value=10**12),
+    cap=st.integers(min_value=1, max_value=12),
+)
+def test_a_read_started_again_where_one_stopped_cuts_as_if_it_never_stopped(
+    pieces: list[bytes], cuts: list[int], again: list[int], start: int, cap: int
+) -> None:
+    """A read that stops after any of its lines or pieces (a follow whose link dropped)
+    and one started again at its ``ReadPoint`` hand out together what one read does: the
+    rest of a cut line is that line's pieces, the last one final, never a line of its own."""
+    data = b"".join(pieces)
+    expected = _reference_capped(data, start, cap)
+    first = _split(LineSplitter(start, max_line_bytes=cap), data, cuts)
+    for stop in range(len(first) + 1):
+        kept = first[:stop]
+        point = ReadPoint(start, start).after(kept)
+        resumed = LineSplitter(point.offset, max_line_bytes=cap, line_start=point.line_start)
+        rest = _split(resumed, data[point.offset - start :], again)
+        assert [(bytes(line), end, _kind(line)) for line, end in kept + rest] == expected
+
+
+def test_the_rest_of_a_cut_line_after_a_resume_is_its_final_piece() -> None:
+    """Stopped after the second piece of a 10-byte line under a cap of 4: the two bytes
+    left are the line's final piece, as they are to a read that never stopped."""
+    pieces = LineSplitter(100, max_line_bytes=4).split(b"abcdefghi")
+    assert pieces == [(b"abcd", 104), (b"efgh", 108)]
+    point = ReadPoint(100, 100).after(pieces)
+    assert point == ReadPoint(108, 100)
+    (rest,) = LineSplitter(108, max_line_bytes=4, line_start=100).split(b"ij\nnext\n")[:1]
+    assert rest == (b"ij", 111)
+    assert isinstance(rest[0], LinePiece)
+    assert rest[0].final
+    # Between lines the two offsets are one: a whole line or a final piece ends its line.
+    assert point.after([rest]) == ReadPoint(111, 111)
+    assert point.after([rest, (b"next", 116)]) == ReadPoint(116, 116)
+    assert ReadPoint(7, 7).after([]) == ReadPoint(7, 7)
+
+
+@pytest.mark.parametrize(
+    ("start", "line_start", "cap"), [(10, 4, 4), (4, 10, 4), (12, 4, None), (9, 4, 4)]
+)
+def test_a_read_cannot_start_inside_a_line_but_at_the_end_of_one_of_its_pieces(
+    start: int, line_start: int, cap: int | None
+) -> None:
+    with pytest.raises(ValueError, match="cannot start"):
+        LineSplitter(start, max_line_bytes=cap, line_start=line_start)

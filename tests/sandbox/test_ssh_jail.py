@@ -8,7 +8,6 @@ one sandbox's processes, not every process of the remote user."""
 from __future__ import annotations
 
 import pwd
-import shutil
 import threading
 import time
 import uuid
@@ -21,6 +20,7 @@ import pytest
 
 from tests.sandbox.conftest import SSH_AGENT_USER, release_remote
 from tests.sandbox.test_journal_suite import read_all
+from tests.unavailable import require_bwrap
 from turnkeeper.config import load_settings
 from turnkeeper.sandbox import spawn_journaled
 from turnkeeper.sandbox.cgroup import Limits
@@ -88,8 +88,7 @@ def upstreams() -> Iterator[tuple[int, int]]:
 def jailed_provider(
     ssh_agent_target: SshTarget, upstreams: tuple[int, int]
 ) -> Iterator[SshProvider]:
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap (bwrap) is not installed")
+    require_bwrap()
     provider = SshProvider(ssh_agent_target, egress=(f"127.0.0.1:{upstreams[0]}",))
     yield provider
     provider.close()
@@ -99,8 +98,7 @@ def jailed_provider(
 @pytest.fixture
 def limited_provider(ssh_agent_target: SshTarget) -> Iterator[SshProvider]:
     """The jail without egress, under a pids limit of 24."""
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap (bwrap) is not installed")
+    require_bwrap()
     provider = SshProvider(ssh_agent_target, limits=Limits(256 * 1024 * 1024, 1.0, 24))
     yield provider
     provider.close()

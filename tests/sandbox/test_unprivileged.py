@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import turnkeeper
+from tests.unavailable import skip_or_fail
 
 NOBODY = 65534
 SCRIPT = """
@@ -49,7 +50,7 @@ def _python() -> str:
     """A Python uid 65534 can run that matches this one (same minor, same ABI)."""
     system = shutil.which("python3", path="/usr/bin:/bin")
     if os.geteuid() != 0 or shutil.which("bwrap") is None or system is None:
-        pytest.skip("needs root (to become uid 65534), bwrap and /usr/bin/python3")
+        skip_or_fail("needs root (to become uid 65534), bwrap and /usr/bin/python3")
     version = subprocess.run(
         [system, "-c", "import sys; print(sys.version_info[:2])"],
         capture_output=True, text=True, check=True,

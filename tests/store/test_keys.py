@@ -74,9 +74,19 @@ def test_runs_and_sessions_belong_to_their_key(store: Store) -> None:
     assert run.key_name == "alice"
     assert store.session_tenant("s1") == (True, "alice")
     assert store.session_tenant("nope") == (False, None)
+    store.admit_run(
+        "order-42", "order-42", {"p": 1}, max_attempts=1, deadline=None, key_name="alice"
+    )
+    store.admit_run("b1", "sb", {"p": 1}, max_attempts=1, deadline=None, key_name="bob")
+    # A run id that exists is what is taken, also where the session is another
+    # tenant's: the run's own session, named after it, or one the request names.
     cases = [
-        ("r1", "s1", "bob", "session-taken"),
+        ("order-42", "order-42", "bob", "run-id-taken"),
+        ("order-42", "order-42", None, "run-id-taken"),
+        ("r1", "s1", "bob", "run-id-taken"),
         ("r1", "s2", "bob", "run-id-taken"),
+        ("r1", "sb", "alice", "session-differs"),
+        ("r1", "order-42", "alice", "session-differs"),
         ("r2", "s1", "bob", "session-taken"),
         ("r2", "s1", None, "session-taken"),  # a trusted client too must say whose it is
         ("r1", "s9", None, "run-id-taken"),
@@ -86,12 +96,10 @@ def test_runs_and_sessions_belong_to_their_key(store: Store) -> None:
             store.admit_run(
                 run_id, session_id, {"p": 1}, max_attempts=1, deadline=None, key_name=key_name
             )
-        assert caught.value.reason == reason
-    assert [r.run_id for r in store.list_runs()] == ["r1"]
-    store.admit_run("b1", "sb", {"p": 1}, max_attempts=1, deadline=None, key_name="bob")
-    assert [r.run_id for r in store.list_runs(key_name="alice")] == ["r1"]
+        assert caught.value.reason == reason, (run_id, session_id, key_name)
+    assert [r.run_id for r in store.list_runs(key_name="alice")] == ["order-42", "r1"]
     assert [r.run_id for r in store.list_runs(key_name="bob")] == ["b1"]
-    assert [r.run_id for r in store.list_runs()] == ["b1", "r1"]
+    assert [r.run_id for r in store.list_runs()] == ["b1", "order-42", "r1"]
     with pytest.raises(ApiKeyError):
         store.admit_run("c1", "sc", {}, max_attempts=1, deadline=None, key_name="carol")
 

@@ -13,7 +13,7 @@ from turnkeeper.store.schema import metadata
 
 
 def test_the_migrated_database_matches_the_schema(database_url: str) -> None:
-    assert migration.current_revision(database_url) == migration.head_revision() == "0009"
+    assert migration.current_revision(database_url) == migration.head_revision() == "0011"
     engine = sa.create_engine(sqlalchemy_postgres_url(database_url), poolclass=sa.NullPool)
     try:
         with engine.connect() as conn:
@@ -32,6 +32,6 @@ def test_downgrade_and_upgrade_again(database_url: str) -> None:
             command.downgrade(config, "base")
             conn.commit()
             assert sa.inspect(conn).get_table_names() == ["alembic_version"]
-        assert migration.upgrade(database_url) == "0009"
+        assert migration.upgrade(database_url) == "0011"
     finally:
         engine.dispose()

@@ -8,12 +8,12 @@ from collections.abc import Callable
 
 import psycopg
 import pytest
-import sqlalchemy as sa
 
 from tests.store.conftest import admit
 from turnkeeper.config import plain_postgres_url
 from turnkeeper.errors import RunConflictError, StoreUnavailableError
 from turnkeeper.store import Store
+from turnkeeper.store.queries import Statement
 
 
 def _backends(database_url: str) -> list[int]:
@@ -92,7 +92,7 @@ def test_when_the_server_ends_every_connection_one_call_fails_not_one_per_connec
         def hold() -> None:  # four calls at once make the pool open four connections
             start.wait()
             with store._db.transaction("hold") as tx:
-                tx.scalar(sa.text("SELECT pg_sleep(0.3)"), {})
+                tx.scalar(Statement("SELECT pg_sleep(0.3)"), {})
 
         threads = [threading.Thread(target=hold) for _ in range(4)]
         for thread in threads:

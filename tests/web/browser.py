@@ -22,3 +22,32 @@ def sign_in(page: Any, key: str) -> None:
     """On the login page: give the key and submit."""
     page.fill("#key", key)
     page.click("#login button[type=submit]")
+
+
+def overflow(page: Any) -> int:
+    """How many pixels the page is wider than its window (0 or less: it fits)."""
+    return int(page.evaluate("document.documentElement.scrollWidth - window.innerWidth"))
+
+
+def columns_in_view(page: Any) -> bool:
+    """On the runs page: every column header a user sees lies within the window, its
+    name whole (not cut by an ellipsis), and every cell within its column (a long text
+    never spills into the next one)."""
+    return bool(
+        page.evaluate(
+            """() => {
+                const ths = [...document.querySelectorAll('table.runs th')]
+                  .filter(t => t.offsetParent !== null);
+                const edges = ths.map(t => t.getBoundingClientRect());
+                if (edges.some(e => e.left < 0 || e.right > window.innerWidth)) return false;
+                if (ths.some(t => t.scrollWidth > t.clientWidth)) return false;
+                return [...document.querySelectorAll('table.runs tbody tr')].every(row => {
+                  const cells = [...row.children].filter(c => c.offsetParent !== null);
+                  return cells.length === edges.length && cells.every((cell, i) => {
+                    const box = cell.getBoundingClientRect();
+                    return box.left >= edges[i].left - 1 && box.right <= edges[i].right + 1;
+                  });
+                });
+            }"""
+        )
+    )

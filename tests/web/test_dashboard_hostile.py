@@ -16,7 +16,15 @@ import httpx
 import pytest
 
 from tests.driver.fleet import Fleet
-from tests.web.browser import CHROMIUM, launch, sign_in
+from tests.web.browser import (
+    CHROMIUM,
+    DESKTOP,
+    PHONE,
+    columns_in_view,
+    launch,
+    overflow,
+    sign_in,
+)
 from tests.web.conftest import ApiKeys, WebServer
 from turnkeeper.web.edge import CONTENT_SECURITY_POLICY
 
@@ -39,6 +47,17 @@ LINES = [
     {"type": "RUN_ERROR", "message": f"error {SVG}"},
 ]
 HOSTILE = (IMG, SCRIPT, SVG)
+# Strings that break layouts rather than parsers: long and unbroken, right to left
+# (with a bidi override that would turn the rest of a line around), or both.
+HEBREW = "\u05e9\u05dc\u05d5\u05dd \u05e2\u05d5\u05dc\u05dd"  # "hello world"
+ARABIC = "\u0645\u0631\u062d\u0628\u0627 \u0628\u0627\u0644\u0639\u0627\u0644\u0645"  # the same
+RTL = f"\u202e{HEBREW} {ARABIC}"
+LONG_ID = "r" * 200 + IMG
+RTL_ID = f"{HEBREW} {ARABIC} <b>bold</b> " + "\u0639" * 120  # ids refuse the override
+LONG_SESSION = "s" * 255
+LONG_PROMPT = f"{IMG} {'y' * 5000}\nthe second line"
+RTL_PROMPT = f"{RTL} {SCRIPT} " + "\u05e2" * 400
+LONG_ERROR = f"{'E' * 3000} {SVG} {RTL}"
 
 pytestmark = pytest.mark.skipif(
     shutil.which(CHROMIUM) is None, reason="Debian chromium is not installed (scripts/system-deps)"
@@ -101,8 +120,9 @@ def test_hostile_output_prompt_and_ids_are_text_on_every_page(
     page.wait_for_selector("tr[data-run-id]")
     row = page.locator("tr[data-run-id]").first
     assert row.get_attribute("data-run-id") == RUN_ID
-    links = row.locator("a")
-    assert (links.nth(0).inner_text(), links.nth(1).inner_text()) == (RUN_ID, SESSION_ID)
+    assert row.locator("a").all_inner_texts() == [RUN_ID]
+    prompt = row.locator("td.prompt-cell")
+    assert (prompt.inner_text(), prompt.get_attribute("title")) == (PROMPT, PROMPT)
     assert _parsed_markup(page) == []
 
     page.goto(f"/ui/runs/{quote(RUN_ID, safe='')}")
@@ -126,8 +146,9 @@ def test_hostile_output_prompt_and_ids_are_text_on_every_page(
     assert PROMPT in page.locator("#conversation").inner_text()
     assert _parsed_markup(page) == []
 
-    page.goto("/ui/fleet")  # alice is no admin: the page says so and shows nothing
-    page.locator("#fleet-error").wait_for(state="visible")
+    page.goto("/ui/fleet")  # alice is no admin: a plain "not found", nothing of the page
+    page.locator("#not-found").wait_for(state="visible")
+    assert page.locator("#fleet").is_hidden()
     assert page.locator("#tiles").inner_text() == ""
     assert page.title() != "pwned"
     pages = sorted(seen_policies)
@@ -162,3 +183,75 @@ def test_the_runs_search_is_literal_and_never_counts_another_tenants_runs(
         assert (body["runs"], body["total"]) == ([], 0)
         assert alice.get("/runs", params={"key": "bob"}).status_code == 403
         assert alice.get("/runs", params={"offset": str(10**30)}).status_code == 400
+
+
+def _wide_open(page: Any, path: str, ready: str) -> None:
+    page.goto(path)
+    page.wait_for_selector(ready)
+
+
+def test_long_unbroken_and_right_to_left_strings_never_widen_a_page(
+    fleet: Fleet, web: WebServer, api_keys: ApiKeys, http: httpx.Client
+) -> None:
+    """Run ids, a session id, prompts and an agent's error message that are very long
+    and unbroken, right to left, with a bidi override, and full of markup: at 1280 and
+    390 px no page is wider than its window, every runs column stays in its place, and
+    nothing is parsed as markup."""
+    failing = {"preset": "scripted", "turns": 1, "pace": 0.01, "seed": 2,
+               "args": ["--error", LONG_ERROR]}  # fmt: skip
+    runs = (
+        (LONG_ID, LONG_PROMPT, LONG_SESSION, "scripted"),
+        (RTL_ID, RTL_PROMPT, None, failing),
+    )
+    for run_id, prompt, session, agent in runs:
+        body = {"agent": agent, "prompt": prompt, "run_id": run_id, "session_id": session}
+        response = http.post("/runs", json=body)
+        assert response.status_code == 201, response.text
+        fleet.wait_settled(run_id)
+    refused = http.post("/runs", json={"agent": "scripted", "prompt": "p", "run_id": RTL})
+    assert (refused.status_code, refused.json()["reason"]) == (400, "invalid-run-id")
+    failed = fleet.client.require(RTL_ID)
+    assert (failed.status.value, failed.error["message"]) == ("failed", LONG_ERROR)
+
+    with sync_api.sync_playwright() as playwright:
+        browser = launch(playwright)
+        try:
+            for size in (DESKTOP, PHONE):
+                page = browser.new_context(base_url=web.base_url, viewport=size).new_page()
+                page.set_default_timeout(60_000)  # a hang guard only
+                page.goto("/login")
+                sign_in(page, api_keys.alice)
+                page.wait_for_url(f"{web.base_url}/")
+                page.wait_for_selector(".error-cell[title]")
+                assert overflow(page) <= 0, size
+                if size is DESKTOP:
+                    assert columns_in_view(page)
+                ids = page.eval_on_selector_all(
+                    "tr[data-run-id]", "rs => rs.map(r => r.dataset.runId)"
+                )
+                assert ids == [RTL_ID, LONG_ID]
+                row = page.locator("tr[data-run-id]").first
+                assert row.locator("td.error-cell").inner_text() == f"agent-error: {LONG_ERROR}"
+                assert row.locator("td.status-cell").inner_text() == "failed"
+                assert _parsed_markup(page) == []
+                for run_id in (LONG_ID, RTL_ID):
+                    _wide_open(
+                        page,
+                        f"/ui/runs/{quote(run_id, safe='')}",
+                        "#conversation[data-ended='true']",
+                    )
+                    assert page.locator("#run-id").inner_text() == run_id
+                    assert overflow(page) <= 0, (size, run_id)
+                    assert _parsed_markup(page) == []
+                assert page.locator("#failure .failure-reason").inner_text() == (
+                    f"agent-error: {LONG_ERROR}"
+                )
+                _wide_open(
+                    page, f"/ui/sessions/{LONG_SESSION}", "#conversation[data-loaded='settled']"
+                )
+                assert overflow(page) <= 0, size
+                assert _parsed_markup(page) == []
+                assert page.title() != "pwned"
+                page.context.close()
+        finally:
+            browser.close()

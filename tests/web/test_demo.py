@@ -16,6 +16,8 @@ import httpx
 import psutil
 import pytest
 
+from turnkeeper.web.serve import free_port
+
 _URL = r"http://127\.0\.0\.1:\d+"
 
 
@@ -28,6 +30,13 @@ def _demo_env(tmp_path: Path) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
     )
     return env
+
+
+LINKS = (
+    rf"dashboard\s+{_URL}/$",
+    rf"run page\s+{_URL}/ui/runs/demo-[0-9a-f-]+$",
+    rf"fleet page\s+{_URL}/ui/fleet$",
+)
 
 
 def _check_output(out: str) -> None:
@@ -45,9 +54,6 @@ def _check_output(out: str) -> None:
         r"ok   same as the stored log\s+yes$",
         r"ok   takeover\s+epoch 1 → 2$",
         r"ok   run status\s+completed$",
-        rf"dashboard\s+{_URL}/$",
-        rf"run page\s+{_URL}/ui/runs/demo-[0-9a-f-]+$",
-        rf"fleet page\s+{_URL}/ui/fleet$",
     ):
         assert re.search(line, out, re.MULTILINE), (line, out)
     assert "FAIL" not in out
@@ -80,20 +86,25 @@ def test_demo_kills_a_worker_and_every_check_passes(tmp_path: Path) -> None:
     out = done.stdout
     assert done.returncode == 0, f"{out}\n{done.stderr[-4000:]}"
     _check_output(out)
-    assert "sign in at" not in out  # the key is revoked as it exits: nothing to sign in with
+    # Nothing answers once it exited: no links to the dashboard, no key to sign in with.
+    assert [link for link in LINKS if re.search(link, out, re.MULTILINE)] == []
+    assert "sign in at" not in out
     assert _leftovers(tmp_path) == []
 
 
 @pytest.mark.slow
 def test_demo_keeps_the_stack_and_the_dashboard_up_until_ctrl_c(tmp_path: Path) -> None:
+    port = free_port()
     with subprocess.Popen(
-        [sys.executable, "-m", "turnkeeper", "demo"],
+        [sys.executable, "-m", "turnkeeper", "demo", "--port", str(port)],
         env=_demo_env(tmp_path),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
     ) as demo:
         lines, returncode = _until_ctrl_c(demo)
+    dashboards = [line.split() for line in lines if line.split()[:1] == ["dashboard"]]
+    assert dashboards == [["dashboard", f"http://127.0.0.1:{port}/"]]  # --port, exactly
     assert returncode == 0, "".join(lines)
     assert _leftovers(tmp_path) == []
 
@@ -116,6 +127,8 @@ def _until_ctrl_c(demo: subprocess.Popen[str]) -> tuple[list[str], int]:
         assert up.wait(240), "".join(lines)  # a hang guard
         out = "".join(lines)
         _check_output(out)
+        for link in LINKS:
+            assert re.search(link, out, re.MULTILINE), (link, out)
         sign_in = re.search(rf"sign in at\s+({_URL})/login\?next=%2Fui%2Ffleet$", out, re.MULTILINE)
         key = re.search(r"with the admin key\s+(tk_\S+)$", out, re.MULTILINE)
         run_page = re.search(rf"run page\s+{_URL}(/ui/runs/\S+)$", out, re.MULTILINE)

@@ -24,8 +24,8 @@ from turnkeeper.config import Settings
 from turnkeeper.log.keys import stream_slots_key
 from turnkeeper.store.store import Store
 from turnkeeper.web import create_app
-from turnkeeper.web.app import web_client_names
 from turnkeeper.web.durable import format_offset
+from turnkeeper.web.state import web_client_names
 
 JSON = "application/json"
 

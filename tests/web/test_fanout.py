@@ -27,9 +27,9 @@ from turnkeeper.client import Client
 from turnkeeper.config import Settings
 from turnkeeper.log import RunLog
 from turnkeeper.web import create_app
-from turnkeeper.web.app import web_client_names
 from turnkeeper.web.fanout import FanOutLimits
 from turnkeeper.web.sse import parse_stream
+from turnkeeper.web.state import web_client_names
 
 HANG_GUARD = 120.0
 TOKENS = stream_tokens(ttl=600)
@@ -342,8 +342,8 @@ def _dechunk(raw: bytes) -> tuple[bytes, bool]:
 
 def _whole_events(body: bytes) -> list[tuple[int, Chunk]]:
     """The chunk events that arrived whole (a cut stream may end inside one)."""
-    complete, _, _ = body.rpartition(b"\r\n\r\n")
-    lines = [*complete.decode().replace("\r\n", "\n").split("\n"), ""]
+    complete, _, _ = body.rpartition(b"\n\n")
+    lines = [*complete.decode().split("\n"), ""]
     out: list[tuple[int, Chunk]] = []
     for event_id, event, data in parse_stream(lines):
         assert event == "message", (event, data)  # neither end nor error: a cut
@@ -364,7 +364,7 @@ def test_a_stalled_subscriber_is_dropped_and_resumes_without_loss(
     write(writer, run_id, 1, 1, size)
     stalled = _stalled_get(small_web, url_of(run_id))
     got = bytearray()
-    _read_until(stalled, got, b"id: 1\r\n")  # it follows the run; then it stops reading
+    _read_until(stalled, got, b"id: 1\n")  # it follows the run; then it stops reading
 
     async def fast() -> Received:
         async with async_http(small_web, 2) as http:
@@ -393,7 +393,7 @@ def test_a_stalled_subscriber_is_dropped_and_resumes_without_loss(
     assert before == whole[: len(before)]
     with small_web.http() as http:
         resumed = http.get(url_of(run_id), headers={"Last-Event-ID": str(before[-1][0])})
-    events = list(parse_stream(resumed.text.replace("\r\n", "\n").split("\n")))
+    events = list(parse_stream(resumed.text.split("\n")))
     rest = [(int(i or 0), orjson.loads(d)) for i, e, d in events if e == "message"]
     assert before + rest == whole
     assert events[-1][1:] == ("end", orjson.dumps({"last_seq": last}).decode())
@@ -447,7 +447,7 @@ def test_web_shutdown_closes_every_stream_cleanly(
         with again.http() as http:
             for run_id in runs:
                 resumed = http.get(url_of(run_id), headers={"Last-Event-ID": "20"})
-                lines = resumed.text.replace("\r\n", "\n").split("\n")
+                lines = resumed.text.split("\n")
                 events = list(parse_stream(lines))
                 assert [(int(i or 0), orjson.loads(d)) for i, e, d in events[:-1]] == numbered(
                     run_id, 21, 30

@@ -15,8 +15,8 @@ import pytest
 
 from tests.driver.fleet import Fleet
 from tests.web.conftest import ApiKeys, WebServer
+from turnkeeper.queues import control_queue, host_queue, turns_queue
 from turnkeeper.store.fleet import LATENCY_BOUNDS
-from turnkeeper.tasks import control_queue, host_queue, turns_queue
 
 SLOW = {"preset": "scripted", "turns": 6, "pace": 0.2, "seed": 2}
 

@@ -3,9 +3,11 @@ key's), a search of run ids, and pages; every bad value a 400, tenants unchanged
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
+import psycopg
 
 from tests.web.conftest import ApiKeys, WebServer
 from turnkeeper.config import Settings
@@ -119,3 +121,76 @@ def test_the_runs_count_stops_at_its_cap(
         counts = [store.count_runs(key_name="alice", most=most) for most in (1, 2, 3, 50)]
         assert counts == [1, 2, 3, 3]
         assert store.count_runs(key_name="alice", search="counted-1", most=50) == 1
+
+
+def test_the_runs_list_filters_by_when_runs_were_created_and_finished(
+    bare_web: WebServer, api_keys: ApiKeys, settings: Settings
+) -> None:
+    """Each bound is optional, ``since`` included and ``until`` not, so that a chart's
+    minute (``finished_since`` its start, ``finished_until`` the next minute's) lists
+    exactly its runs; a time without its zone is refused."""
+    with bare_web.http(api_keys.alice) as alice:
+        for run_id in ("old", "middle", "new"):
+            _submit(alice, run_id, f"s-{run_id}")
+        for run_id in ("old", "middle"):
+            assert alice.post(f"/runs/{run_id}/cancel").status_code == 200
+        with psycopg.connect(settings.require_database_url()) as conn:
+            row = conn.execute("SELECT date_trunc('minute', now())").fetchone()
+            assert row is not None
+            minute: datetime = row[0]
+            for run_id, created, finished in (("old", 180, 179), ("middle", 60, 58)):
+                times = (minute - timedelta(minutes=created), minute - timedelta(minutes=finished))
+                conn.execute(
+                    "UPDATE runs SET created_at = %s, finished_at = %s WHERE run_id = %s",
+                    (*times, run_id),
+                )
+
+        def listed(**params: datetime) -> list[str]:
+            return _ids(alice.get("/runs", params={k: v.isoformat() for k, v in params.items()}))
+
+        hour = timedelta(minutes=60)
+        assert listed() == ["new", "middle", "old"]
+        assert listed(created_since=minute - 2 * hour) == ["new", "middle"]
+        assert listed(created_since=minute - hour) == ["new", "middle"]  # included
+        assert listed(created_until=minute - hour) == ["old"]  # not included
+        assert listed(created_since=minute - 4 * hour, created_until=minute - 2 * hour) == ["old"]
+        # The failures bar of the minute "middle" finished in, and the one after it.
+        finished = minute - timedelta(minutes=58)
+        after = finished + timedelta(minutes=1)
+        assert listed(finished_since=finished, finished_until=after) == ["middle"]
+        assert listed(finished_since=after, finished_until=after + timedelta(minutes=1)) == []
+        assert listed(finished_until=minute) == ["middle", "old"]  # "new" has not finished
+        zoned = alice.get("/runs", params={"created_since": "2000-01-01T00:00:00+05:30"})
+        assert _ids(zoned) == ["new", "middle", "old"]
+        assert (
+            alice.get("/runs", params={"finished_since": finished.isoformat()}).json()["total"] == 1
+        )
+
+        for name in ("created_since", "created_until", "finished_since", "finished_until"):
+            for wrong in ("yesterday", "2026-01-01T00:00:00", "", "2026-13-01T00:00Z", "9" * 50):
+                response = alice.get("/runs", params={name: wrong})
+                reason = f"invalid-{name.replace('_', '-')}"
+                assert (response.status_code, response.json()["reason"]) == (400, reason), wrong
+
+
+def test_a_listed_run_says_how_long_it_ran_and_how_its_prompt_starts(
+    bare_web: WebServer, api_keys: ApiKeys, settings: Settings
+) -> None:
+    prompt = "Fix the flaky test\nin tests/web, then run it twice\n" + "x" * 600
+    with bare_web.http(api_keys.alice) as alice:
+        body = {"agent": "scripted", "prompt": prompt, "run_id": "long-prompt"}
+        assert alice.post("/runs", json=body).status_code == 201
+        _submit(alice, "queued", "s-q")
+        assert alice.post("/runs/long-prompt/cancel").status_code == 200
+        with psycopg.connect(settings.require_database_url()) as conn:
+            conn.execute(
+                "UPDATE runs SET started_at = finished_at - interval '83.25 s'"
+                " WHERE run_id = 'long-prompt'"
+            )
+        runs = {run["run_id"]: run for run in alice.get("/runs").json()["runs"]}
+        assert runs["long-prompt"]["prompt_preview"] == prompt[:500]
+        assert runs["long-prompt"]["duration_seconds"] == 83.25
+        assert (runs["queued"]["prompt_preview"], runs["queued"]["duration_seconds"]) == (
+            "prompt of queued",
+            None,  # not started
+        )

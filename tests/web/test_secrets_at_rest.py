@@ -1,5 +1,6 @@
 """Env values never rest in plaintext: not in any table, not in Redis, not in a log line;
-the agent gets them, and ``env_from`` variables come from the worker's own environment."""
+the agent gets them, and ``env_from`` variables and ``env_files`` files come from the
+worker's own environment and files."""
 
 from __future__ import annotations
 
@@ -21,30 +22,40 @@ from turnkeeper.web import create_app
 REQUEST_VALUE = f"sk-request-{uuid.uuid4().hex}"
 WORKER_VALUE = f"sk-worker-{uuid.uuid4().hex}"
 CATALOG_VALUE = f"catalog-{uuid.uuid4().hex}"
+FILE_VALUE = f"sk-file-{uuid.uuid4().hex}"
 CATALOG = f"""
 [agents.keyed]
-command = ["sh", "-c", '''for v in "$MODEL_API_KEY" "$TK_TEST_WORKER_KEY" "$FIXED"; do
+command = ["sh", "-c", '''for v in "$MODEL_API_KEY" "$TK_TEST_WORKER_KEY" "$FIXED" "$FILED"; do
   printf %s "$v" | sha256sum | cut -c1-64
 done''']
 format = "text"
 env = {{ FIXED = "{CATALOG_VALUE}" }}
 env_from = ["TK_TEST_WORKER_KEY"]
+env_files = {{ FILED = "@KEY_FILE@" }}
 request_env = ["MODEL_API_KEY"]
 
 [agents.unset]
 command = ["true"]
 format = "text"
 env_from = ["TK_TEST_ABSENT_KEY"]
+
+[agents.unreadable]
+command = ["true"]
+format = "text"
+env_files = {{ FILED = "@MISSING_FILE@" }}
 """
-PLAINTEXTS = (REQUEST_VALUE, WORKER_VALUE, CATALOG_VALUE)
+PLAINTEXTS = (REQUEST_VALUE, WORKER_VALUE, CATALOG_VALUE, FILE_VALUE)
 
 
 @pytest.fixture
 def stack(
     settings: Settings, api_keys: ApiKeys, tmp_path: Path
 ) -> Iterator[tuple[Fleet, WebServer]]:
+    key_file = tmp_path / "model.key"
+    key_file.write_text(FILE_VALUE + "\n")  # the trailing newline is not the value's
     catalog = tmp_path / "agents.toml"
-    catalog.write_text(CATALOG)
+    text = CATALOG.replace("@KEY_FILE@", str(key_file))
+    catalog.write_text(text.replace("@MISSING_FILE@", str(tmp_path / "missing.key")))
     fleet = Fleet.create(settings, tmp_path / "logs")
     fleet.env["TK_TEST_WORKER_KEY"] = WORKER_VALUE  # the worker's own, never the store's
     web = WebServer.start_app(
@@ -148,3 +159,20 @@ def test_a_missing_worker_variable_fails_the_run_with_the_reason(
     assert "TK_TEST_ABSENT_KEY" in run.error["message"]
     last = fleet.log_of("unset")[-1][1]
     assert (last["type"], last["code"]) == ("RUN_ERROR", "missing-env")
+
+
+def test_an_unreadable_key_file_fails_the_run_naming_the_file(
+    stack: tuple[Fleet, WebServer], api_keys: ApiKeys, tmp_path: Path
+) -> None:
+    fleet, web = stack
+    with web.http(api_keys.bob) as bob:
+        body = {"agent": "unreadable", "prompt": "p", "run_id": "unreadable"}
+        response = bob.post("/runs", json=body)
+        assert response.status_code == 201, response.text
+    run = fleet.wait_settled("unreadable")
+    assert run.status.value == "failed"
+    assert run.error["reason"] == "env-file"
+    assert run.error["message"] == (
+        f"cannot read {tmp_path / 'missing.key'}, the file env_files names for FILED: "
+        "No such file or directory"
+    )

@@ -1,12 +1,14 @@
 """The agent catalog: what an HTTP client may run, and within which limits.
 
 Over HTTP, ``agent`` is a name: a preset (``scripted``, ``claude-code``,
-``codex``) or an agent the operator defines in ``TURNKEEPER_AGENTS_FILE``::
+``codex``) or an agent the operator defines in ``TURNKEEPER_AGENTS_FILE``
+(docs/agents.md describes every key)::
 
     [agents.reviewer]
     preset = "claude-code"            # or: command = [...], format = "..."
-    args = ["--model", "sonnet"]      # the preset's options
+    model = "sonnet"                  # the preset's options
     env_from = ["ANTHROPIC_API_KEY"]  # worker variables passed through at spawn
+    env_files = { GH_TOKEN = "/etc/turnkeeper/gh.token" }  # worker files read at spawn
     env = { REVIEW_MODE = "strict" }  # fixed values (sealed at rest like any env)
     request_env = ["REVIEW_TOPIC"]    # the env names a request may set
     provider = "bwrap"                # the weakest sandbox it may run in
@@ -14,13 +16,13 @@ Over HTTP, ``agent`` is a name: a preset (``scripted``, ``claude-code``,
     max_attempts = 3                  # at most
 
 An inline spec (``{"command": [...]}``, or a preset with options) is only for
-keys created with ``--allow-commands``, and never names worker variables. What a
-request adds can only tighten: a shorter timeout, fewer attempts, a sandbox at
-least as strong, env names the catalog does not fix. An agent that is passed
-worker variables takes from a request only the env names its ``request_env``
-lists (none unless it says): a request that could set ``ANTHROPIC_BASE_URL``,
-``PATH`` or ``HOME`` beside the operator's API key could send that key to a host
-of its choosing.
+keys created with ``--allow-commands``, and never names worker variables or
+files. What a request adds can only tighten: a shorter timeout, fewer attempts,
+a sandbox at least as strong, env names the catalog does not fix. An agent that
+is passed worker variables or files takes from a request only the env names its
+``request_env`` lists (none unless it says): a request that could set
+``ANTHROPIC_BASE_URL``, ``PATH`` or ``HOME`` beside the operator's API key could
+send that key to a host of its choosing.
 """
 
 from __future__ import annotations
@@ -45,7 +47,15 @@ from turnkeeper.errors import (
 
 PROVIDERS = ("local", "bwrap", "ssh")
 _AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
-_POLICY_FIELDS = ("env", "env_from", "request_env", "provider", "timeout", "max_attempts")
+_POLICY_FIELDS = (
+    "env",
+    "env_from",
+    "env_files",
+    "request_env",
+    "provider",
+    "timeout",
+    "max_attempts",
+)
 
 
 def at_least_as_strong(requested: str, floor: str) -> bool:
@@ -72,6 +82,8 @@ class CatalogAgent:
     env: Mapping[str, str] = field(default_factory=dict)
     request_env: frozenset[str] | None = None
     """The env names a request may set; ``None``: any the catalog does not fix."""
+    operator: bool = False
+    """Defined in ``TURNKEEPER_AGENTS_FILE``, not a preset as it comes."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +149,7 @@ class Catalog:
                 f"{entry.name!r}, got {max_attempts}",
                 reason="attempts-out-of-range",
             )
-        fixed = set(entry.env) | set(entry.spec.env_from)
+        fixed = set(entry.env) | set(entry.spec.env_from) | set(entry.spec.env_files)
         overridden = sorted(fixed & set(env or {}))
         if overridden:
             raise NotPermittedError(
@@ -149,7 +161,7 @@ class Catalog:
             if unlisted:
                 listed = ", ".join(sorted(entry.request_env)) or "none"
                 raise NotPermittedError(
-                    f"agent {entry.name!r} is passed worker variables, so a request may set "
+                    f"agent {entry.name!r} is passed worker secrets, so a request may set "
                     f"only the env names its catalog entry lists in request_env ({listed}), "
                     f"not {', '.join(unlisted)}",
                     reason="env-not-listed",
@@ -182,6 +194,11 @@ class Catalog:
             raise NotPermittedError(
                 "env_from passes worker variables: only the operator's catalog may set it",
                 reason="env-from",
+            )
+        if "env_files" in agent:
+            raise NotPermittedError(
+                "env_files reads files of the worker: only the operator's catalog may set it",
+                reason="env-files",
             )
         # Its env stays in the spec: the caller's own, which the request may extend.
         return CatalogAgent("inline", AgentSpec.from_payload(dict(agent)))
@@ -228,18 +245,22 @@ def _catalog_agent(where: str, name: str, body: Any) -> CatalogAgent:
         isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 100
     ):
         raise bad("max_attempts is an integer from 1 to 100")
+    env_files = policy.get("env_files", {})
+    if not isinstance(env_files, dict) or not all(isinstance(v, str) for v in env_files.values()):
+        raise bad("env_files maps env names to file paths")
     request_env = policy.get("request_env")
     if request_env is not None and (
         not isinstance(request_env, list) or not all(isinstance(n, str) for n in request_env)
     ):
         raise bad("request_env is a list of env names")
     try:
-        spec = AgentSpec.from_payload({**values, "env_from": policy.get("env_from", [])})
+        passed = {"env_from": policy.get("env_from", []), "env_files": env_files}
+        spec = AgentSpec.from_payload({**values, **passed})
         names = dict.fromkeys(request_env or [], "")
         AgentSpec.from_payload({**spec.to_payload(), "env": {**env, **names}})  # valid names
     except AgentError as exc:
         raise bad(exc.message) from exc
-    if request_env is None and spec.env_from:
+    if request_env is None and (spec.env_from or spec.env_files):
         request_env = []  # the operator's secrets go only where the catalog says
     return CatalogAgent(
         name,
@@ -249,4 +270,5 @@ def _catalog_agent(where: str, name: str, body: Any) -> CatalogAgent:
         max_attempts=attempts,
         env=env,
         request_env=None if request_env is None else frozenset(request_env),
+        operator=True,
     )

@@ -3,8 +3,10 @@
 - ``thread.started``: CUSTOM ``turnkeeper.session`` ``{agent, sessionId}``
   (the thread id, which ``codex exec resume`` takes).
 - ``turn.started``: nothing. ``turn.completed``: CUSTOM ``turnkeeper.usage``.
-  ``turn.failed`` and the top-level ``error`` event: ``turnkeeper.agent_error``
-  (fatal; :attr:`failure` is set).
+  ``turn.failed``: ``turnkeeper.agent_error`` (fatal; :attr:`failure` is set).
+  The top-level ``error`` event: ``turnkeeper.agent_error`` with ``fatal: false``:
+  Codex reports its stream's retries with it ("Reconnecting... 2/5") and goes on; a
+  turn it gives up on ends in ``turn.failed`` or a failed exit.
 - ``item.*`` by item type:
   - ``agent_message`` (completed): a whole TEXT_MESSAGE_START/CONTENT/END;
   - ``reasoning`` (completed): a whole REASONING_MESSAGE_*;
@@ -73,7 +75,12 @@ class CodexTranslator(BaseTranslator):
             error = require(event["error"], dict)
             return [self.report_failure(require(error["message"], str))]
         if kind == "error":
-            return [self.report_failure(require(event["message"], str))]
+            message = require(event["message"], str)
+            return [
+                custom_chunk(
+                    AGENT_ERROR, {"agent": self.format, "message": message, "fatal": False}
+                )
+            ]
         if kind in ("item.started", "item.updated", "item.completed"):
             return self._item(kind.removeprefix("item."), require(event["item"], dict))
         raise _Unusable

@@ -25,7 +25,9 @@ must never turn a fixed command into another one.
 
 Secrets the operator keeps out of Postgres: ``env_from`` lists names of the
 worker's own environment variables that the worker passes to the agent when it
-builds the sandbox (only the operator's agent catalog may set it over HTTP).
+builds the sandbox, and ``env_files`` maps names to files the worker reads then
+(``turnkeeper.agents.worker_env``); only the operator's agent catalog may set
+either over HTTP.
 
 Continuation (a new process after the sandbox was lost): ``continue`` false
 means the agent cannot continue; true means run ``command`` again with the
@@ -53,16 +55,35 @@ from __future__ import annotations
 import fnmatch
 import re
 import sys
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 import turnkeeper
-from turnkeeper.errors import AgentError, UnknownAgentError
-from turnkeeper.sandbox.command import ENV_NAME, PROMPT, AgentCommand
+from turnkeeper.errors import (
+    AgentError,
+    EmptyPromptError,
+    PromptError,
+    PromptTooLongError,
+    UnknownAgentError,
+)
+from turnkeeper.sandbox.command import (
+    ENV_NAME,
+    MAX_ARGUMENT_BYTES,
+    PROMPT,
+    AgentCommand,
+    prompt_refusal,
+)
 
 Format = Literal["claude-code", "codex", "agui", "text"]
 SESSION_ID = "{session_id}"
@@ -151,6 +172,9 @@ class AgentSpec(BaseModel):
     format: Format
     env: dict[str, str] = Field(default_factory=dict)
     env_from: list[str] = Field(default_factory=list)
+    env_files: dict[str, str] = Field(default_factory=dict)
+    """Env names whose values the worker reads from these files (absolute paths) as it
+    builds the sandbox: the file's text without its trailing newline."""
     continue_: bool | list[str] = Field(default=False, alias="continue")
     fork: list[str] = Field(default_factory=list)
     """Arguments that make a follow-up's ``continue`` command start a new conversation
@@ -180,6 +204,13 @@ class AgentSpec(BaseModel):
             check_env_name(key)
             if "\x00" in text:
                 raise ValueError(f"the value of {key} contains NUL")
+            # The limit the spawn applies (``check_command``), before a run exists.
+            size = len(key.encode()) + 1 + len(text.encode(errors="surrogatepass"))
+            if size > MAX_ARGUMENT_BYTES:
+                raise ValueError(
+                    f"the environment variable {key} is {size} bytes as NAME=value, more "
+                    f"than the {MAX_ARGUMENT_BYTES} one exec can pass: give the agent a file"
+                )
         return value
 
     @field_validator("env_from")
@@ -191,6 +222,24 @@ class AgentSpec(BaseModel):
             check_env_name(name)
         return value
 
+    @field_validator("env_files")
+    @classmethod
+    def _env_files(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, path in value.items():
+            if not _ENV_FROM_NAME.fullmatch(name) or name.upper().startswith("TURNKEEPER_"):
+                raise ValueError(f"cannot set the variable {name!r}")
+            check_env_name(name)
+            if not path.startswith("/") or "\x00" in path:
+                raise ValueError(f"the file of {name} must be an absolute path")
+        return value
+
+    @model_validator(mode="after")
+    def _passed_once(self) -> Self:
+        twice = sorted(set(self.env_from) & set(self.env_files))
+        if twice:
+            raise ValueError(f"{', '.join(twice)}: named by both env_from and env_files")
+        return self
+
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any] | str) -> AgentSpec:
         """Validate a payload (or a preset name); AgentError says what is wrong."""
@@ -200,23 +249,29 @@ class AgentSpec(BaseModel):
             raise AgentError("an agent spec must be an object or a preset name", reason="bad-spec")
         if "preset" in payload:
             values = dict(payload)
-            env_from = values.pop("env_from", [])
+            passed: dict[str, Any] = {
+                k: values.pop(k) for k in ("env_from", "env_files") if k in values
+            }
             spec = _preset(values)
-            if not env_from:
+            if not any(passed.values()):
                 return spec
-            payload = {**spec.model_dump(by_alias=True), "env_from": env_from}
+            payload = {**spec.model_dump(by_alias=True), **passed}
         try:
             return cls.model_validate(dict(payload))
         except ValidationError as exc:
             raise AgentError(f"invalid agent spec: {_first_error(exc)}", reason="bad-spec") from exc
 
     def to_payload(self) -> dict[str, Any]:
-        passed = {"env_from": list(self.env_from)} if self.env_from else {}
+        passed: dict[str, Any] = {"env_from": list(self.env_from)} if self.env_from else {}
+        if self.env_files:
+            passed["env_files"] = dict(self.env_files)
         if self.preset is not None:
+            implied = CLAUDE_CODE_ENV if self.preset == "claude-code" else {}
+            env = {k: v for k, v in self.env.items() if implied.get(k) != v}
             return {
                 "preset": self.preset,
                 **self.options,
-                **({"env": self.env} if self.env else {}),
+                **({"env": env} if env else {}),
                 **passed,
             }
         return {
@@ -319,10 +374,44 @@ class AgentSpec(BaseModel):
             "session's latest entry"
         )
 
+    @property
+    def prompt_as_argument(self) -> bool:
+        """Whether a process of this agent, its first or a continuation, is given the
+        prompt as one argument (``{prompt}``), which bounds the prompt's size."""
+        continuation = self.continue_ if isinstance(self.continue_, list) else []
+        return PROMPT in self.command or PROMPT in continuation
+
+    def check_prompt(self, prompt: str) -> None:
+        """Refuse, before a run is admitted, a prompt this agent can never be given:
+        the decision its spawn makes (``prompt_refusal``), on the UTF-8 bytes the agent
+        would receive. A follow-up that recalls the transcript gives it more, which
+        only the spawn can see."""
+        try:
+            data = prompt.encode()
+        except UnicodeEncodeError as exc:
+            raise PromptError(
+                "the prompt is not UTF-8 text: it holds a lone surrogate", reason="bad-prompt"
+            ) from exc
+        refusal = prompt_refusal(data, as_argument=self.prompt_as_argument)
+        if refusal is not None:
+            kind = PromptTooLongError if refusal.reason == "prompt-too-long" else PromptError
+            raise kind(refusal.message, reason=refusal.reason, **refusal.fields)
+
     def argv(self, prompt: str) -> list[str]:
         """The argv of a direct run, outside any sandbox, for tests and benchmarks:
         ``{prompt}`` replaced (a ``prompt_stdin`` agent needs the prompt on stdin)."""
         return [prompt if arg == PROMPT else arg for arg in self.command]
+
+
+def require_prompt(prompt: str) -> str:
+    """The prompt of a request, refused when it holds nothing but whitespace: a run
+    over HTTP or from ``turnkeeper submit`` needs input. (``Client.submit`` takes one,
+    for a trusted caller's command that reads no input.)"""
+    if not prompt.strip():
+        raise EmptyPromptError(
+            "the prompt is empty: give the agent the input of its turn", reason="empty-prompt"
+        )
+    return prompt
 
 
 def check_env_name(name: str) -> None:
@@ -346,69 +435,152 @@ class _ScriptedOptions(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
 
 
-class _CliOptions(BaseModel):
+_NotAnOption = Annotated[str, Field(pattern=r"^[^-\s][^\r\n]*$")]
+"""An option's value that the CLI can never read as an option of its own."""
+
+
+class _ClaudeCodeOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    permission_mode: Literal["bypassPermissions", "acceptEdits", "auto", "dontAsk", "plan"] = (
+        "bypassPermissions"
+    )
+    """Claude Code's ``--permission-mode``. In ``-p`` mode nobody answers a permission
+    prompt, so only ``bypassPermissions`` lets tools that need permission run; the jail
+    is the boundary (``dontAsk`` runs only what ``allowed_tools`` allows)."""
+    allowed_tools: list[_NotAnOption] = Field(default_factory=list)
+    """``--allowedTools``: the only tools that run without asking (``Bash(git *)``, ...)."""
+    disallowed_tools: list[_NotAnOption] = Field(default_factory=list)
+    """``--disallowedTools``: tools that never run, whatever the mode."""
+    model: _NotAnOption | None = None
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
 
 
+class _CodexOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    profile: _NotAnOption | None = None
+    """``--profile``: a profile of the agent's ``~/.codex/config.toml`` (its model,
+    provider, tools) that narrows what the preset allows."""
+    base_url: str | None = Field(default=None, pattern=r"^https?://[^\s\"'\\]+$")
+    """The Responses API's base URL (``https://api.openai.com/v1`` unless set): Codex
+    takes it from its config (``openai_base_url``), not from ``OPENAI_BASE_URL``."""
+    model: _NotAnOption | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+CLAUDE_CODE_ENV = {
+    # Claude Code refuses bypassPermissions as root unless told it runs in a sandbox,
+    # which it does (the jail); under `local` the worker logs that it is no boundary.
+    "IS_SANDBOX": "1",
+    # No update checks, telemetry or error reports: the jail lets out only the egress
+    # the operator allows, and a headless turn has no use for them.
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_AUTOUPDATER": "1",
+}
+"""What the ``claude-code`` preset sets unless the spec's own env says otherwise."""
+CODEX_FLAGS = ("--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox")
+"""Codex runs outside a git repository and without its own sandbox, which cannot start
+inside the jail (it needs namespaces of its own); the jail is the boundary."""
+PERMISSIONS_OFF = {"claude-code", "codex"}
+"""Presets that turn their agent's own permission checks off: only a jail bounds them."""
+
+
+@dataclass(frozen=True)
+class _PresetCommands:
+    command: list[str]
+    continuation: list[str]
+    fork: list[str]
+    format: Format
+    env: dict[str, str]
+
+
+def _scripted(options: _ScriptedOptions) -> _PresetCommands:
+    base = [sys.executable, "-m", "turnkeeper.agents.scripted", "--prompt", PROMPT]
+    knobs = ["--seed", str(options.seed), "--turns", str(options.turns)]
+    knobs += ["--pace", str(options.pace), *options.args]
+    continuation = [*base, *knobs, "--start-turn", START_TURN]
+    return _PresetCommands([*base, *knobs], continuation, [], "claude-code", options.env)
+
+
+def _claude_code(options: _ClaudeCodeOptions) -> _PresetCommands:
+    """``claude -p`` with no prompt argument reads the prompt on stdin."""
+    flags = ["--output-format", "stream-json", "--verbose", "--include-partial-messages"]
+    flags += ["--permission-mode", options.permission_mode]
+    if options.allowed_tools:
+        flags += ["--allowedTools", ",".join(options.allowed_tools)]
+    if options.disallowed_tools:
+        flags += ["--disallowedTools", ",".join(options.disallowed_tools)]
+    if options.model:
+        flags += ["--model", options.model]
+    flags += options.args
+    return _PresetCommands(
+        ["claude", "-p", *flags],
+        ["claude", "-p", "--resume", SESSION_ID, *flags],
+        ["--fork-session"],
+        "claude-code",
+        {**CLAUDE_CODE_ENV, **options.env},
+    )
+
+
+def _codex(options: _CodexOptions) -> _PresetCommands:
+    """``codex exec ... -``: ``-`` reads the prompt on stdin."""
+    flags = ["--json", *CODEX_FLAGS]
+    if options.profile:
+        flags += ["--profile", options.profile]
+    if options.base_url:
+        flags += ["-c", f'openai_base_url="{options.base_url}"']
+    if options.model:
+        flags += ["--model", options.model]
+    flags += options.args
+    return _PresetCommands(
+        ["codex", "exec", *flags, "-"],
+        ["codex", "exec", *flags, "resume", SESSION_ID, "-"],
+        [],  # codex exec resume cannot fork a thread
+        "codex",
+        dict(options.env),
+    )
+
+
+_PRESET_BUILDERS: dict[str, tuple[type[BaseModel], Callable[[Any], _PresetCommands]]] = {
+    "scripted": (_ScriptedOptions, _scripted),
+    "claude-code": (_ClaudeCodeOptions, _claude_code),
+    "codex": (_CodexOptions, _codex),
+}
+
+
 def _preset(payload: dict[str, Any]) -> AgentSpec:
     name = payload.pop("preset")
+    if name not in _PRESET_BUILDERS:
+        raise UnknownAgentError(
+            f"unknown agent preset {name!r}; known: {', '.join(PRESETS)}",
+            reason="unknown-preset",
+        )
+    model, build = _PRESET_BUILDERS[name]
     try:
-        if name == "scripted":
-            options: BaseModel = _ScriptedOptions.model_validate(payload)
-        elif name in ("claude-code", "codex"):
-            options = _CliOptions.model_validate(payload)
-        else:
-            raise UnknownAgentError(
-                f"unknown agent preset {name!r}; known: {', '.join(PRESETS)}",
-                reason="unknown-preset",
-            )
+        options = model.model_validate(payload)
     except ValidationError as exc:
         raise AgentError(
             f"invalid options for preset {name!r}: {_first_error(exc)}", reason="bad-spec"
         ) from exc
-    dumped = options.model_dump()
-    env = dumped.pop("env")
-    if name == "scripted":
-        assert isinstance(options, _ScriptedOptions)  # noqa: S101 - narrowed above
-        base = [sys.executable, "-m", "turnkeeper.agents.scripted", "--prompt", PROMPT]
-        knobs = ["--seed", str(options.seed), "--turns", str(options.turns)]
-        knobs += ["--pace", str(options.pace), *options.args]
-        command = [*base, *knobs]
-        continuation = [*base, *knobs, "--start-turn", START_TURN]
-        fork: list[str] = []
-        fmt: Format = "claude-code"
-    elif name == "claude-code":  # `-p` with no prompt argument reads it from stdin
-        flags = ["--output-format", "stream-json", "--verbose", "--include-partial-messages"]
-        command = ["claude", "-p", *flags, *dumped["args"]]
-        continuation = ["claude", "-p", "--resume", SESSION_ID, *flags, *dumped["args"]]
-        fork = ["--fork-session"]
-        fmt = "claude-code"
-    else:  # `-` reads the prompt from stdin
-        command = ["codex", "exec", "--json", *dumped["args"], "-"]
-        continuation = ["codex", "exec", "--json", *dumped["args"], "resume", SESSION_ID, "-"]
-        fork = []  # codex exec resume cannot fork a thread
-        fmt = "codex"
+    built = build(options)
+    chosen = options.model_dump(exclude={"env"})
+    defaults = model().model_dump(exclude={"env"})
     try:
         return AgentSpec(
-            command=command,
-            format=fmt,
-            env=env,
-            continue_=continuation,
-            fork=fork,
+            command=built.command,
+            format=built.format,
+            env=built.env,
+            continue_=built.continuation,
+            fork=built.fork,
             prompt_stdin=name != "scripted",
             preset=name,
-            options={k: v for k, v in dumped.items() if v != _defaults(options).get(k)},
+            options={k: v for k, v in chosen.items() if v != defaults.get(k)},
         )
     except ValidationError as exc:
         raise AgentError(
             f"invalid options for preset {name!r}: {_first_error(exc)}", reason="bad-spec"
         ) from exc
-
-
-def _defaults(options: BaseModel) -> dict[str, Any]:
-    return type(options)().model_dump()
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -21,26 +21,22 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import quote
 
-import httpx
-import orjson
 import typer
-from rich.text import Text
-from uuid6 import uuid7
 
-from turnkeeper.chunks import Chunk
 from turnkeeper.cli.context import console, services, settings_from_env, with_dev_secret
 from turnkeeper.cli.fleet import sandbox_fallback, stop_fleet, wait_for_signal
 from turnkeeper.cli.render import ConversationRenderer
-from turnkeeper.client import Client
-from turnkeeper.config import Settings
-from turnkeeper.owner import owner_pid
-from turnkeeper.store import migration
-from turnkeeper.web import create_app
-from turnkeeper.web.serve import BackgroundServer, free_port
-from turnkeeper.web.sse import parse_stream
+from turnkeeper.cli.stack import Port
+
+if TYPE_CHECKING:
+    from rich.text import Text
+
+    from turnkeeper.chunks import Chunk
+    from turnkeeper.client import Client
+    from turnkeeper.config import Settings
 
 SHORT_LEASE = {"LEASE_TTL": "3", "HEARTBEAT_INTERVAL": "1", "RECONCILE_INTERVAL": "1"}
 """Without crash detection a takeover waits for the lease: the demo shortens it then."""
@@ -122,6 +118,8 @@ def _look_at_epoch(client: Client, run_id: str, takeover: Takeover) -> None:
 def _kill_owner(
     client: Client, run_id: str, workers: list[subprocess.Popen[bytes]], takeover: Takeover
 ) -> str:
+    from turnkeeper.owner import owner_pid
+
     run = client.require(run_id)
     if run.owner is None:
         return "the run has no owner yet"
@@ -158,6 +156,11 @@ def _stream(
     workers: list[subprocess.Popen[bytes]],
     takeover: Takeover,
 ) -> list[tuple[int, Chunk]]:
+    import httpx
+    import orjson
+
+    from turnkeeper.web.sse import parse_stream
+
     renderer = ConversationRenderer(console)
     received: list[tuple[int, Chunk]] = []
     results = 0
@@ -183,6 +186,8 @@ def _stream(
             renderer.render(chunk)
             results += chunk.get("type") == "TOOL_CALL_RESULT"
             if results == 1 and takeover.killed_at is None:
+                from rich.text import Text
+
                 renderer.close()
                 console.print(
                     Text(f"✗ {_kill_owner(client, run_id, workers, takeover)}", style="bold red")
@@ -192,6 +197,8 @@ def _stream(
 
 
 def _takeover_line(takeover: Takeover) -> Text:
+    from rich.text import Text
+
     assert takeover.killed_at is not None  # noqa: S101 - only called after the kill
     resumed = _ms((takeover.resumed_at or time.monotonic()) - takeover.killed_at)
     if takeover.taken_at is None:
@@ -245,9 +252,18 @@ def demo(
         bool,
         typer.Option("--exit", help="Stop the stack once the checks ran (else: at Ctrl-C)."),
     ] = False,
+    port: Port = None,
 ) -> None:
     """A worker dies mid-run and the run goes on: takeover, no chunk lost or doubled.
-    The stack and the dashboard stay up afterwards until Ctrl-C (``--exit``: stop at once)."""
+    The stack and the dashboard stay up afterwards until Ctrl-C (with --exit: stop at once)."""
+    import httpx
+    from uuid6 import uuid7
+
+    from turnkeeper.client import Client
+    from turnkeeper.store import migration
+    from turnkeeper.web import create_app
+    from turnkeeper.web.serve import BackgroundServer, free_port
+
     timing = {} if settings_from_env().crash_detection else SHORT_LEASE
     os.environ.update({f"TURNKEEPER_{k}": v for k, v in timing.items()})
     settings = with_dev_secret(settings_from_env())
@@ -255,9 +271,10 @@ def demo(
         migration.upgrade(resolved.require_database_url())
         logs = resolved.data_dir / "demo-logs"
         procs = _start_fleet(resolved, logs)
-        server = BackgroundServer.start(
-            create_app(resolved), port=free_port(resolved.web_host, resolved.web_port)
-        )
+        # The port asked for, exactly; by default TURNKEEPER_WEB_PORT, or a free one
+        # when that one is taken (a `turnkeeper web` may hold it).
+        web_port = port if port is not None else free_port(resolved.web_host, resolved.web_port)
+        server = BackgroundServer.start(create_app(resolved), port=web_port)
         client = Client.from_settings(resolved)
         # The demo's own key: the run belongs to it, and the API is called with it.
         key_name = f"demo-{uuid7().hex[-12:]}"
@@ -289,14 +306,14 @@ def demo(
                 server.base_url, view["stream_url"], client, run_id, procs[:2], takeover
             )
             ok = _report(client, run_id, received, takeover)
-            console.print()
-            for name, value in (
-                ("dashboard", f"{server.base_url}/"),
-                ("run page", run_page),
-                ("fleet page", f"{server.base_url}/ui/fleet"),
-            ):
-                console.print(f"     {name:<24} {value}", highlight=False)
-            if not exit_at_once:
+            if not exit_at_once:  # the links only while something answers them
+                console.print()
+                for name, value in (
+                    ("dashboard", f"{server.base_url}/"),
+                    ("run page", run_page),
+                    ("fleet page", f"{server.base_url}/ui/fleet"),
+                ):
+                    console.print(f"     {name:<24} {value}", highlight=False)
                 sign_in = f"{server.base_url}/login?next={quote('/ui/fleet', safe='')}"
                 console.print(f"     {'sign in at':<24} {sign_in}", highlight=False)
                 console.print(f"     {'with the admin key':<24} {key}", highlight=False)

@@ -8,14 +8,15 @@ from typing import Annotated
 import typer
 
 from turnkeeper.cli.context import console, services, settings_from_env
-from turnkeeper.hosts import fleet_view
-from turnkeeper.store.store import Store
 
 
 def hosts(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON array.")] = False,
 ) -> None:
     """List hosts (alive or dead on the database clock), their workers and their sandboxes."""
+    from turnkeeper.hosts import fleet_view
+    from turnkeeper.store.store import Store
+
     settings = settings_from_env()
     with services(settings, start=False) as resolved:
         store = Store(resolved.require_database_url(), pool_size=1)

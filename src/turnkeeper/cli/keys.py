@@ -1,36 +1,26 @@
 """`turnkeeper keys create|list|revoke`: the API keys of the HTTP API.
 
-A key is printed once, as the last line of `create`'s output, and stored only as
-a hash; lose it and create another. Revoking takes effect on the next request of
-every web process. Names are never reused, so nothing a revoked key owned ever
+A key is printed once, alone on `create`'s stdout, and stored only as a hash; lose
+it and create another. Revoking takes effect on the next request of every web
+process. Names are never reused, so nothing a revoked key owned ever
 passes to a new key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
-from turnkeeper.cli.context import console, services, settings_from_env
-from turnkeeper.store.records import ApiKey
-from turnkeeper.store.store import Store
+from turnkeeper.cli.context import console, err_console, store_from_env
 
-keys_app = typer.Typer(help="API keys of the HTTP API.", no_args_is_help=True)
+if TYPE_CHECKING:
+    from turnkeeper.store.records import ApiKey
 
-
-@contextmanager
-def store_from_env() -> Iterator[Store]:
-    settings = settings_from_env()
-    with (
-        services(settings, start=False) as resolved,
-        Store(resolved.require_database_url(), pool_size=1) as store,
-    ):
-        yield store
+keys_app = typer.Typer(
+    help="API keys of the HTTP API.", no_args_is_help=True, rich_markup_mode=None
+)
 
 
 def scopes(key: ApiKey) -> str:
@@ -50,15 +40,18 @@ def create(
         typer.Option("--max-running", min=1, help="At most this many queued or running runs."),
     ] = None,
 ) -> None:
-    """Create a key; it is printed once, as the last line, and stored only as a hash."""
+    """Create a key; it is printed once, alone on stdout (`KEY=$(turnkeeper keys create
+    NAME)`), and stored only as a hash. What was made is said on stderr."""
     with store_from_env() as store:
         key = store.create_key(
             name, admin=admin, allow_commands=allow_commands, max_running=max_running
         )
     limit = f", at most {max_running} running" if max_running else ""
-    print(
+    err_console.print(
         f"created key {name!r} ({'admin' if admin else 'tenant'}"
-        f"{', inline commands' if allow_commands else ''}{limit}); it is shown only now:"
+        f"{', inline commands' if allow_commands else ''}{limit}); it is shown only now:",
+        markup=False,
+        highlight=False,
     )
     print(key)
 
@@ -66,6 +59,8 @@ def create(
 @keys_app.command("list")
 def list_keys() -> None:
     """Every key: name, scopes, running limit, when created, last used, revoked."""
+    from rich.table import Table
+
     with store_from_env() as store:
         keys = store.list_keys()
     table = Table()

@@ -1,28 +1,34 @@
-"""Commands that drive and watch runs: submit, tail, status, cancel, runs."""
+"""Commands that drive and follow runs: submit, tail, cancel (``status`` and the runs
+list are in ``cli/status.py``)."""
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import orjson
 import typer
-from rich.table import Table
 
 from turnkeeper.cli.context import console, services, settings_from_env
-from turnkeeper.cli.render import ConversationRenderer
-from turnkeeper.client import Client
-from turnkeeper.errors import ConfigError
-from turnkeeper.store.records import Run
+from turnkeeper.cli.params import RunId, checked_id, checked_key_name
+
+if TYPE_CHECKING:
+    from turnkeeper.client import Client
+    from turnkeeper.config import Settings
+
+
+RAW_HELP = (
+    "Show what the agent wrote as it is, escape sequences included (by default its "
+    "control characters never reach the terminal)."
+)
 
 
 @contextmanager
 def client_from_env() -> Iterator[Client]:
+    from turnkeeper.client import Client
+
     settings = settings_from_env()
     with services(settings, start=False) as resolved:
         client = Client.from_settings(resolved)
@@ -32,89 +38,179 @@ def client_from_env() -> Iterator[Client]:
             client.close()
 
 
+def catalog_agent(
+    settings: Settings, name: str, env: dict[str, str], provider: str | None = None
+) -> tuple[str | dict[str, Any], dict[str, Any]]:
+    """``--agent NAME`` as the web app resolves it: with ``TURNKEEPER_AGENTS_FILE`` set, an
+    agent of that catalog (its spec, fixed env, worker variables and files, provider and
+    limits, which the command's options may only tighten); without it, a preset. Returns
+    the agent and the ``submit`` options."""
+    from turnkeeper.agents.catalog import Catalog
+
+    if settings.agents_file is None:
+        return name, {"env": env, "provider": provider}
+    admitted = Catalog.load(settings).admit(name, allow_commands=True, env=env, provider=provider)
+    return admitted.agent, {
+        "env": admitted.env,
+        "provider": admitted.provider,
+        "timeout": admitted.timeout,
+        "max_attempts": admitted.max_attempts,
+    }
+
+
 def parse_env(pairs: list[str]) -> dict[str, str]:
     env = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ConfigError(f"--env expects KEY=VALUE, got {pair!r}", reason="bad-env")
+            raise typer.BadParameter(f"expects KEY=VALUE, got {pair!r}", param_hint="'--env'")
         env[key] = value
     return env
 
 
+def split_command(command: str) -> list[str]:
+    """``--command`` split as a shell would; an unclosed quote is a usage error."""
+    try:
+        return shlex.split(command)
+    except ValueError as exc:
+        raise typer.BadParameter(f"cannot split it: {exc}", param_hint="'--command'") from None
+
+
 def submit(
     agent: Annotated[
-        str | None, typer.Option("--agent", help="Preset: scripted, claude-code, codex.")
+        str | None,
+        typer.Option(
+            "--agent",
+            metavar="AGENT",
+            help="Preset (scripted, claude-code, codex) or an agent of TURNKEEPER_AGENTS_FILE.",
+        ),
     ] = None,
     command: Annotated[
-        str | None, typer.Option("--command", help="Agent command, split as a shell would.")
+        str | None,
+        typer.Option("--command", metavar="CMD", help="Agent command, split as a shell would."),
     ] = None,
     output_format: Annotated[
-        str, typer.Option("--format", help="Output format of --command.")
+        str, typer.Option("--format", metavar="FORMAT", help="Output format of --command.")
     ] = "text",
-    prompt: Annotated[str, typer.Option("--prompt", help="The input of the turn.")] = "",
-    session: Annotated[str | None, typer.Option("--session", help="Session id.")] = None,
+    prompt: Annotated[
+        str, typer.Option("--prompt", metavar="TEXT", help="The input of the turn.")
+    ] = "",
+    session: Annotated[
+        str | None,
+        typer.Option(
+            "--session",
+            metavar="SESSION",
+            help="The session the run belongs to (default: one of its own).",
+            callback=checked_id("session_id"),
+        ),
+    ] = None,
     from_entry: Annotated[
         str | None,
-        typer.Option("--from-entry", help="Branch: the earlier transcript entry to follow."),
+        typer.Option(
+            "--from-entry",
+            metavar="ENTRY_ID",
+            help="Branch: the earlier transcript entry to follow (turnkeeper transcript "
+            "SESSION shows their ids).",
+            callback=checked_id("parent_entry_id"),
+        ),
     ] = None,
-    run_id: Annotated[str | None, typer.Option("--run-id", help="Idempotency key.")] = None,
+    run_id: Annotated[
+        str | None,
+        typer.Option(
+            "--run-id",
+            metavar="RUN_ID",
+            help="Idempotency key.",
+            callback=checked_id("run_id"),
+        ),
+    ] = None,
     env: Annotated[
-        list[str] | None, typer.Option("--env", help="KEY=VALUE for the agent (repeatable).")
+        list[str] | None,
+        typer.Option("--env", metavar="KEY=VALUE", help="A variable for the agent (repeatable)."),
     ] = None,
     provider: Annotated[
-        str | None, typer.Option("--provider", help="Sandbox: local, bwrap, ssh.")
+        str | None,
+        typer.Option("--provider", metavar="PROVIDER", help="Sandbox: local, bwrap, ssh."),
     ] = None,
     follow: Annotated[bool, typer.Option("--follow", help="Stream the run until it ends.")] = False,
+    raw: Annotated[bool, typer.Option("--raw", help=RAW_HELP)] = False,
     on_behalf_of: Annotated[
         str | None,
-        typer.Option("--as", help="Submit on behalf of this API key (the run is its tenant's)."),
+        typer.Option(
+            "--as",
+            metavar="KEY_NAME",
+            help="Submit on behalf of this API key (the run is its tenant's).",
+            callback=checked_key_name,
+        ),
     ] = None,
 ) -> None:
     """Submit a run; prints its run id (or, with --follow, its conversation)."""
+    from turnkeeper.agents.spec import require_prompt
+    from turnkeeper.errors import PromptError
+
     if (agent is None) == (command is None):
-        raise ConfigError("give exactly one of --agent PRESET or --command CMD", reason="usage")
+        raise typer.BadParameter("give exactly one of them", param_hint="'--agent' / '--command'")
+    try:
+        require_prompt(prompt)
+    except PromptError as exc:
+        raise typer.BadParameter(exc.message, param_hint="'--prompt'") from exc
+    agent_env = parse_env(env or [])
     spec: str | dict[str, Any]
     if command is not None:
-        spec = {"command": shlex.split(command), "format": output_format}
-    else:
-        spec = str(agent)
+        spec = {"command": split_command(command), "format": output_format}
     with client_from_env() as client:
-        run = client.submit(
-            spec,
-            prompt,
-            session_id=session,
-            run_id=run_id,
-            env=parse_env(env or []),
-            provider=provider,
-            key_name=on_behalf_of,
-            from_entry=from_entry,
-        )
+        if command is not None:
+            options: dict[str, Any] = {"env": agent_env, "provider": provider}
+        else:
+            spec, options = catalog_agent(client.settings, str(agent), agent_env, provider)
+        try:
+            run = client.submit(
+                spec,
+                prompt,
+                session_id=session,
+                run_id=run_id,
+                key_name=on_behalf_of,
+                from_entry=from_entry,
+                **options,
+            )
+        except PromptError as exc:  # one the agent can never be given: a usage error
+            raise typer.BadParameter(exc.message, param_hint="'--prompt'") from exc
         if not follow:
             print(run.run_id)
             return
-        console.print(f"run {run.run_id}", style="dim", highlight=False)
-        _follow(client, run.run_id, after=0, as_json=False, follow=True)
+        # The run's id comes with its first chunk (RUN_STARTED), however long it queues.
+        _follow(client, run.run_id, after=0, as_json=False, follow=True, raw=raw)
 
 
 def tail(
-    run_id: str,
-    from_seq: Annotated[int, typer.Option("--from", help="Show chunks after this seq.")] = 0,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON line per chunk.")] = False,
+    run_id: RunId,
+    from_seq: Annotated[
+        int, typer.Option("--from", min=0, metavar="SEQ", help="Show chunks after this seq.")
+    ] = 0,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="One JSON line per chunk (every control character escaped)."),
+    ] = False,
     no_follow: Annotated[
         bool, typer.Option("--no-follow", help="Print what is stored and exit.")
     ] = False,
+    raw: Annotated[bool, typer.Option("--raw", help=RAW_HELP)] = False,
 ) -> None:
-    """Print a run's chunks; exits when its log is closed."""
+    """Print a run's chunks; exits when its log is closed (1 if the run failed)."""
     with client_from_env() as client:
-        _follow(client, run_id, after=from_seq, as_json=as_json, follow=not no_follow)
+        _follow(client, run_id, after=from_seq, as_json=as_json, follow=not no_follow, raw=raw)
 
 
-def _follow(client: Client, run_id: str, *, after: int, as_json: bool, follow: bool) -> None:
-    renderer = None if as_json else ConversationRenderer(console)
+def _follow(
+    client: Client, run_id: str, *, after: int, as_json: bool, follow: bool, raw: bool
+) -> None:
+    import orjson
+
+    from turnkeeper.cli.render import ConversationRenderer, json_line
+
+    renderer = None if as_json else ConversationRenderer(console, raw=raw)
     for seq, chunk in client.events(run_id, after, follow=follow):
         if renderer is None:
-            sys.stdout.buffer.write(orjson.dumps({"seq": seq, "chunk": chunk}) + b"\n")
+            sys.stdout.buffer.write(json_line(orjson.dumps({"seq": seq, "chunk": chunk})) + b"\n")
             sys.stdout.flush()
         else:
             renderer.render(chunk)
@@ -125,90 +221,9 @@ def _follow(client: Client, run_id: str, *, after: int, as_json: bool, follow: b
         raise typer.Exit(1)
 
 
-def status(
-    run_id: str,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
-) -> None:
-    """Show a run's status, phase, epoch, attempts, owner, sandbox host, lease and error;
-    for a queued run, how many runs of its session it waits behind (0: it starts next)."""
-    with client_from_env() as client:
-        run = client.require(run_id)
-        journal = client.store.get_turn_slot(run_id)
-        info = describe(run, journal.phase.value if journal else None)
-        info["waiting_behind"] = client.store.waiting_behind(run_id)
-        info["takeovers"] = takeover_counts(client.store.takeovers_of(run_id))
-    if as_json:
-        print(json.dumps(info))
-        return
-    for key, value in info.items():
-        shown = ", ".join(f"{k} {n}" for k, n in value.items()) if key == "takeovers" else value
-        console.print(f"{key:<17} {shown if shown is not None else '-'}", highlight=False)
-
-
-def describe(run: Run, phase: str | None) -> dict[str, Any]:
-    def iso(value: datetime | None) -> str | None:
-        return value.astimezone(UTC).isoformat() if value else None
-
-    return {
-        "run_id": run.run_id,
-        "session_id": run.session_id,
-        "status": run.status.value,
-        "phase": phase,
-        "epoch": run.epoch,
-        "attempt_count": run.attempt_count,
-        "max_attempts": run.max_attempts,
-        "owner": run.owner,
-        "host": run.sandbox_host,
-        "lease_expires_at": iso(run.lease_expires_at),
-        "cancel_requested_at": iso(run.cancel_requested_at),
-        "created_at": iso(run.created_at),
-        "started_at": iso(run.started_at),
-        "finished_at": iso(run.finished_at),
-        "error": run.error,
-    }
-
-
-def takeover_counts(by_cause: dict[str, int]) -> dict[str, int]:
-    """How often the run was handed over, by cause: always crash and lease, forced
-    when an operator forced one."""
-    shown = {"crash": by_cause.get("crash", 0), "lease": by_cause.get("lease", 0)}
-    if by_cause.get("forced"):
-        shown["forced"] = by_cause["forced"]
-    return shown
-
-
-def cancel(run_id: str) -> None:
-    """Cancel a run: a queued one at once, a running one within one heartbeat."""
+def cancel(run_id: RunId) -> None:
+    """Cancel a run: one nobody drives is settled at once, a running one is stopped by
+    its owner as soon as it hears of it (usually well under a second)."""
     with client_from_env() as client:
         run = client.cancel(run_id)
-    console.print(f"{run.run_id} {run.status.value}", highlight=False)
-
-
-def runs(
-    status_filter: Annotated[
-        str | None, typer.Option("--status", help="Only runs with this status.")
-    ] = None,
-    session: Annotated[str | None, typer.Option("--session", help="Only this session.")] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, max=1000)] = 50,
-) -> None:
-    """The newest runs as a table: status, phase, epoch, attempts, owner, lease age."""
-    with client_from_env() as client:
-        listed = client.list_runs(status=status_filter, session_id=session, limit=limit)
-        now = client.store.database_now()
-        table = Table("run", "status", "phase", "epoch", "attempts", "owner", "lease")
-        for run in listed:
-            journal = client.store.get_turn_slot(run.run_id)
-            lease = "-"
-            if run.lease_expires_at is not None and run.status.value == "running":
-                left = (run.lease_expires_at - now).total_seconds()
-                lease = f"{left:.1f}s left" if left >= 0 else f"expired {-left:.1f}s ago"
-            table.add_row(
-                run.run_id,
-                run.status.value,
-                journal.phase.value if journal else "-",
-                str(run.epoch),
-                f"{run.attempt_count}/{run.max_attempts}",
-                run.owner or "-",
-                lease,
-            )
-    console.print(table)
+    print(f"{run.run_id} {run.status.value}")

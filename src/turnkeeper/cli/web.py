@@ -7,15 +7,8 @@ import ipaddress
 from typing import Annotated
 
 import typer
-import uvicorn
 
-from turnkeeper.agents.catalog import Catalog
 from turnkeeper.cli.context import console, services, settings_from_env
-from turnkeeper.errors import ConfigError
-from turnkeeper.secret import ServerSecret, make_undumpable
-from turnkeeper.store.store import Store
-from turnkeeper.web import create_app
-from turnkeeper.web.serve import DrainingServer
 
 
 def is_loopback(host: str) -> bool:
@@ -29,18 +22,29 @@ def is_loopback(host: str) -> bool:
 
 def web(
     host: Annotated[
-        str | None, typer.Option(help="Bind address [TURNKEEPER_WEB_HOST, 127.0.0.1].")
+        str | None,
+        typer.Option(metavar="HOST", help="Bind address [TURNKEEPER_WEB_HOST, 127.0.0.1]."),
     ] = None,
     port: Annotated[
-        int | None, typer.Option(min=0, max=65535, help="Port [TURNKEEPER_WEB_PORT].")
+        int | None,
+        typer.Option(min=0, max=65535, metavar="PORT", help="Port [TURNKEEPER_WEB_PORT]."),
     ] = None,
 ) -> None:
     """Serve the HTTP API, SSE streams, /metrics and the dashboard at /.
 
     Every route but /healthz and the dashboard's pages needs an API key
-    (`turnkeeper keys create`); on an address other than loopback, the web app
+    (turnkeeper keys create); on an address other than loopback, the web app
     refuses to start until one exists.
     """
+    import uvicorn
+
+    from turnkeeper.agents.catalog import Catalog
+    from turnkeeper.errors import ConfigError
+    from turnkeeper.secret import ServerSecret, make_undumpable
+    from turnkeeper.store.store import Store
+    from turnkeeper.web import create_app
+    from turnkeeper.web.serve import DrainingServer
+
     settings = settings_from_env(quiet=False)
     with services(settings, start=False) as resolved:
         ServerSecret.require(resolved, "to start the web app")

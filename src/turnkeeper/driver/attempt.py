@@ -22,16 +22,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from turnkeeper.agents.spec import AgentSpec, safe_session_id
+from turnkeeper.agents.spec import PERMISSIONS_OFF, AgentSpec, safe_session_id
 from turnkeeper.chunks import Chunk
 from turnkeeper.driver import lifecycle
 from turnkeeper.driver.conversation import FollowUp
+from turnkeeper.driver.ending import end_log
 from turnkeeper.driver.feed import JournalFeed
-from turnkeeper.driver.output import RunOutput, end_log
+from turnkeeper.driver.output import RunOutput
 from turnkeeper.driver.ownership import Ownership
 from turnkeeper.driver.placement import PlacedJournal, Placement, Placer, process_index
 from turnkeeper.driver.record import TurnRecorder
@@ -63,6 +65,9 @@ from turnkeeper.errors import (
     TurnkeeperError,
 )
 from turnkeeper.sandbox import AgentCommand, JournalReader, Sandbox, SandboxSpec, stderr_tail
+from turnkeeper.sandbox.command import MAX_ARGUMENT_BYTES
+from turnkeeper.sandbox.lines import ReadPoint
+from turnkeeper.sandbox.runner import disk_verdict
 from turnkeeper.store.records import BegunRun, Claim, Run, RunStatus, Verdict
 from turnkeeper.workers.failpoints import failpoint
 from turnkeeper.workers.lease import LeaseKeeper
@@ -133,6 +138,8 @@ def _own(runtime: WorkerRuntime, claim: Claim, *, begun: BegunRun | None = None)
         # Retried while the lease is held: a Redis down now must not cost the attempt.
         run_log = resilient(runtime.log, SERVICE_RETRY_BUDGET, until=keeper.lost)
         stored_epoch = run_log.fence(claim.run_id, claim.epoch)
+        if begun is None:
+            failpoint(settings, "adopted", claim.run_id)
         # A fresh claim read its run as it claimed it: a handover since (its lease ran
         # out already) shows in the stored epoch, or fences its first write.
         run = (
@@ -183,7 +190,7 @@ def _record_log_position(runtime: WorkerRuntime, claim: Claim, next_seq: Callabl
 
 def _fail(runtime: WorkerRuntime, claim: Claim, exc: TurnkeeperError) -> None:
     """A failure that a successor could not fix (a diverged replay, a bad agent spec):
-    settle the run failed, then end the log with the reason."""
+    settle the run failed, then end the log with the reason (``driver/ending.py``)."""
     reason = exc.reason or type(exc).__name__
     bound = log.bind(run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch)
     bound.error("run.failed", reason=reason, error=str(exc))
@@ -191,7 +198,7 @@ def _fail(runtime: WorkerRuntime, claim: Claim, exc: TurnkeeperError) -> None:
     if runtime.store.settle_run(claim, RunStatus.FAILED, error) is Verdict.NOT_OWNER:
         bound.info("attempt.stopped", reason="store-fenced")
         return
-    end_log(runtime.log, claim.run_id, claim.epoch, lifecycle.run_error(exc.message, reason))
+    end_log(runtime.log, runtime.store, claim.run_id, claim.epoch)
 
 
 # --- how an agent process's journal ended ------------------------------------------------
@@ -247,7 +254,8 @@ class Attempt:
         branch = payload.get("from_entry")
         self.from_entry = branch if isinstance(branch, str) else None
         self.spec = AgentSpec.from_payload(payload.get("agent", "scripted"))
-        self.env = runtime.agent_env(claim.run_id, payload, self.spec)
+        self._open_env = partial(runtime.agent_env, claim.run_id, payload, self.spec)
+        self._env: dict[str, str] | None = None
         self.replay = Replay(claim.run_id, run.session_id, self.spec.format)
         # A fresh run's slot is the one its claim began (if any): nobody else wrote it.
         self.slot = begun.slot if begun is not None else self.store.get_turn_slot(claim.run_id)
@@ -256,17 +264,20 @@ class Attempt:
             self.store, self.run_log, claim, ownership, first_attempt=begun is not None
         )
         self.place = Placer(
-            runtime.provider_to_run(payload.get("provider")),
+            partial(runtime.provider_to_run, payload.get("provider")),
             self.store,
             ownership,
             claim,
             Placement.of(run),
+            provider_named=runtime.provider,
             spec=SandboxSpec(journal_max_bytes=self.settings.journal_max_bytes),
             settings=self.settings,
             max_line_bytes=self.settings.max_line_bytes,
             workspace_of=run.session_id if run.keeps_workspace else None,
         )
         self._workspace_announced = False
+        self.facts: RecoveryFacts | None = None
+        """What the takeover's classification saw (None for a fresh run)."""
         self.follow_up: FollowUp | None = None
         self.agent_prompt = self.prompt
         """What the agent is given: the prompt, or for an agent that recalls the
@@ -279,8 +290,10 @@ class Attempt:
         if self.begun is not None:
             action = Recovery.START
         else:
-            action = classify(self._facts())
+            self.facts = self._facts()
+            action = classify(self.facts)
             self._log.info("takeover.classified", action=action.value)
+            failpoint(self.settings, "classified", self.claim.run_id)
         self._emit(self.replay.started())
         if self.begun is not None and self.begun.slot is not None:
             self.recorder.input_recorded(self.begun.input_parent)
@@ -289,7 +302,18 @@ class Attempt:
             self.recorder.record_input(self.prompt, from_entry=self.from_entry)
         self.follow_up = FollowUp.of(self.store, self.run, self.recorder.input_parent)
         if self.follow_up is not None and self.spec.recalls_transcript:
-            self.agent_prompt = self.follow_up.prompt(self.prompt)
+            limit = MAX_ARGUMENT_BYTES if self.spec.prompt_as_argument else None
+            self.agent_prompt = self.follow_up.prompt(self.prompt, max_bytes=limit)
+        try:
+            ending = self._recover(action)
+            while isinstance(ending, Lost):
+                ending = self._give_up(ending.reason)
+        finally:  # a spawn that failed before its agent was followed holds one still
+            self.start_slot.release()
+        if isinstance(ending, Exited):
+            self._finish(ending)
+
+    def _recover(self, action: Recovery) -> Ending:
         steps: dict[Recovery, Callable[[], Ending]] = {
             Recovery.ABORT: self._abort_at_takeover,
             Recovery.START: self._start,
@@ -298,14 +322,7 @@ class Attempt:
             Recovery.LOST: self._lost_at_takeover,
             Recovery.FAIL: self._fail_at_takeover,
         }
-        try:
-            ending = steps[action]()
-            while isinstance(ending, Lost):
-                ending = self._give_up(ending.reason)
-        finally:  # a spawn that failed before its agent was followed holds one still
-            self.start_slot.release()
-        if isinstance(ending, Exited):
-            self._finish(ending)
+        return steps[action]()
 
     def _check_branch(self) -> None:
         """Refuse, before its input is recorded, a branch its agent cannot continue from
@@ -363,33 +380,66 @@ class Attempt:
     # --- the recovery actions ----------------------------------------------------------
 
     def _start(self) -> Ending:
-        """Spawn the agent (reusing a journal recorded but never started)."""
-        sandbox = self.place.resume_or_create()
+        """Spawn the agent: in the journal recorded for it when that journal is still
+        unmade in the sandbox the agent starts in (the journal's exclusive create then
+        keeps a late predecessor and this attempt to one agent), else in the next
+        journal, once the recorded one is claimed so that its owner, should it go on
+        late, starts nothing (``Placer.claim_unstarted``; docs/architecture.md, "Journals
+        that never started")."""
+        self._check_startable()
         journals = self.place.journals
+        count = len(journals)
         last = journals[-1] if journals else None
-        reuse = (
-            last is not None
-            and last.lost is None
-            and last.handle.ref.id == sandbox.ref.id
-            and not self.place.journal_exists(sandbox, last)
+        if last is None or last.lost is not None:
+            sandbox = self.place.resume_or_create()
+            self._replay_stored(count)
+            command = self._command()
+            journal = self.place.new_journal(sandbox)
+            self._announce_workspace()
+            return self._spawn(sandbox, journal, command)
+        recorded = self.place.recorded_to_start_in()
+        if (
+            recorded is not None
+            and last.handle.ref.id == recorded.ref.id
+            and not self.place.journal_exists(recorded, last)
             and not self.output.stored_end(last.journal_key)
-        )
-        self._replay_stored(len(journals) - 1 if reuse else len(journals))
+        ):
+            self._replay_stored(count - 1)
+            command = self._command()
+            self._announce_workspace()
+            return self._spawn(recorded, last, command)
+        claimed = self.place.claim_unstarted(last)
+        if claimed is False:  # its writer ran after all: follow it, as an attach does
+            self._log.warning("takeover.reclassified", action="attach", reason="writer-started")
+            return self._attach()
+        sandbox = recorded or self.place.resume_or_create()
+        self._replay_stored(count)
         command = self._command()
-        journal = last if reuse and last is not None else self.place.new_journal(sandbox)
+        # Proven never started: recorded so, it counts no process (``NEVER_STARTED``).
+        journal = self.place.restart(sandbox) if claimed else self.place.new_journal(sandbox)
         self._announce_workspace()
         return self._spawn(sandbox, journal, command)
 
     def _attach(self) -> Ending:
         sandbox = self.place.resume()
         if sandbox is None:
-            raise RecoveryError("the sandbox vanished during the takeover", reason="sandbox-lost")
+            return self._gone_since_classified()
         *previous, current = self.place.journals
         self._replay_stored(len(previous))
         if self._never_started(sandbox, current):
             return self._restart(sandbox)
         self.recorder.provider_started(current.journal_key)
         return self._follow(sandbox, current)
+
+    def _gone_since_classified(self) -> Ending:
+        """The sandbox the classifier saw alive is gone by the attach (its host reaped it,
+        an operator removed it): recover as the classifier does from the same facts with
+        the sandbox gone, so that the run goes on exactly as when the loss is seen one
+        step earlier (docs/architecture.md, "A loss seen late")."""
+        assert self.facts is not None  # noqa: S101 - only a classified takeover attaches
+        action = classify(replace(self.facts, sandbox_alive=False, journal_present=False))
+        self._log.warning("takeover.reclassified", action=action.value, reason="sandbox-gone")
+        return self._recover(action)
 
     def _finish_from_segments(self) -> Ending:
         """The journal's bytes all made it to the segments: replay them, run nothing."""
@@ -421,6 +471,10 @@ class Attempt:
         return None
 
     def _abort_at_takeover(self) -> Ending:
+        """A cancel came before this takeover read the run: replay what was stored (its
+        turns to the transcript), then abort. Ending the log adds what the replay does
+        not make: the closing chunks of a journal whose sentinel was stored, before the
+        final chunk (``driver/ending.py``)."""
         self._replay_stored(len(self.place.journals))
         self._abort()
         return None
@@ -436,10 +490,15 @@ class Attempt:
             if sandbox_now is not None and self._never_started(sandbox_now, journals[index]):
                 return self._restart(sandbox_now)
             self.place.disarm(journals[index])
+        # Its sandbox may be gone with the process alive in it (a directory removed
+        # kills nothing): no other process is recorded or started until it is dead.
+        self.place.end_processes(journals[index])
         go_on = (
             self.spec.can_continue
             and self.place.placement.continuations < self.settings.max_continuations
         )
+        if go_on:
+            self._check_startable()
         sandbox = self.place.resume_or_create() if go_on else None
         journal = self.place.give_up(reason, continue_in=sandbox)
         self._interrupt(process_index(journals, index))
@@ -465,19 +524,15 @@ class Attempt:
             {"reason": code, "message": message},
         )
 
-    def _abort(
-        self,
-        final: Chunk | None = None,
-        status: RunStatus = RunStatus.ABORTED,
-        error: Any = None,
-    ) -> None:
-        """Stop the agent, settle, end the log with one final chunk: a cancel by default,
-        or a deadline passed."""
+    def _abort(self, status: RunStatus = RunStatus.ABORTED, error: Any = None) -> None:
+        """Stop the agent and settle: cancelled by default, or a deadline passed. Then end
+        the log with what the store holds and the final chunk the settled run's status
+        and error call for (``driver/ending.py``)."""
         self.place.stop()
         self.ownership.check()
-        final = final or lifecycle.cancelled()
-        self._settle(status, error or {"reason": "cancelled", "message": final["message"]})
-        end_log(self.run_log, self.claim.run_id, self.claim.epoch, final)
+        cancelled = lifecycle.cancelled()
+        self._settle(status, error or {"reason": "cancelled", "message": cancelled["message"]})
+        end_log(self.run_log, self.store, self.claim.run_id, self.claim.epoch)
 
     # --- journals ---------------------------------------------------------------------
 
@@ -495,13 +550,40 @@ class Attempt:
             command = self.spec.follow_up_command(session_id=resumed)
         else:
             command = self.spec.start_command()
-        return replace(command, env=self.env)
+        return replace(command, env=self._agent_env())
+
+    def _agent_env(self) -> dict[str, str]:
+        """The agent's env: its sealed values opened, the worker's own values read
+        (``WorkerRuntime.agent_env``), once, when a process is first started."""
+        if self._env is None:
+            self._env = self._open_env()
+        return self._env
+
+    def _check_startable(self) -> None:
+        """Ask this worker for what starting an agent process takes (the agent's env
+        values, the run's provider), before anything is made or recorded for the process.
+        Lacking one fails the run, as it fails a fresh run here (``missing-env``,
+        ``env-file``, ``provider-refused``): the operator's contract is that every worker
+        has them. Only a start asks: an attach or a finish from segments starts nothing
+        and goes on on any worker (docs/architecture.md, "What a takeover needs of its
+        worker")."""
+        self._agent_env()
+        self.place.start_provider()
 
     def _spawn(self, sandbox: Sandbox, journal: PlacedJournal, command: AgentCommand) -> Ending:
         if not self._take_start_slot():
             return None
         failpoint(self.settings, "before-spawn", self.claim.run_id)
         self._confirm_lease()
+        # The store said yes; a pause from here to the journal's prepare outlasts that.
+        failpoint(self.settings, "lease-confirmed", self.claim.run_id)
+        if self.spec.preset in PERMISSIONS_OFF and self.place.start_provider().name == "local":
+            self._log.warning(
+                "agent.unbounded",
+                preset=self.spec.preset,
+                message="the local provider is no security boundary, and this preset turns "
+                "the agent's own permission checks off: its tools run as the worker's user",
+            )
         started = self.place.spawn(
             sandbox,
             journal,
@@ -512,6 +594,7 @@ class Attempt:
         # Its journal was made before (a retry, a predecessor): by a writer that ran?
         if not started and self._never_started(sandbox, journal):
             return self._restart(sandbox)
+        failpoint(self.settings, "spawned", self.claim.run_id)
         self.recorder.provider_started(journal.journal_key)
         return self._follow(sandbox, journal)
 
@@ -528,6 +611,7 @@ class Attempt:
         write) and start the agent there as it would have started, no mark, no
         continuation."""
         self._log.warning("journal.never_started", journal=len(self.place.journals) - 1)
+        self._check_startable()
         if not self.place.owns(sandbox):  # read on a shared volume: start in our own
             sandbox = self.place.resume_or_create()
         journal = self.place.restart(sandbox)
@@ -535,10 +619,11 @@ class Attempt:
 
     def _follow(self, sandbox: Sandbox, journal: PlacedJournal) -> Ending:
         """Follow the journal to its end. A broken link to the sandbox is no loss: the
-        read starts again after the last line consumed, with backoff, for at most
-        ``SANDBOX_RETRY_BUDGET`` (``driver/resilience.py``); past that the attempt stops
-        as a service error and a successor takes over, the run never failed for it."""
-        consumed = [0]  # where the last line this attempt consumed ends
+        read starts again after the last line (or piece of a long line) consumed, with
+        backoff, for at most ``SANDBOX_RETRY_BUDGET`` (``driver/resilience.py``); past
+        that the attempt stops as a service error and a successor takes over, the run
+        never failed for it."""
+        consumed = [ReadPoint()]  # where this attempt's consumed lines end
         try:
             for retry in sandbox_retry_policy():
                 with retry:
@@ -555,15 +640,25 @@ class Attempt:
             ) from exc
         raise AssertionError("unreachable: the retry loop returns or raises")
 
-    def _follow_from(self, sandbox: Sandbox, journal: PlacedJournal, consumed: list[int]) -> Ending:
+    def _follow_from(
+        self, sandbox: Sandbox, journal: PlacedJournal, consumed: list[ReadPoint]
+    ) -> Ending:
+        point = consumed[0]
+        if point.offset:
+            self._log.info(
+                "journal.follow_resumed", offset=point.offset, line_start=point.line_start
+            )
         reader = JournalReader(
             sandbox,
             journal.handle.paths,
             nonce=self.place.nonce(journal),
-            from_byte=consumed[0],
+            # Inside a long line after one of its pieces, the read goes on cutting that
+            # line (docs/architecture.md, "Long lines"), as an uninterrupted one would.
+            from_byte=point.offset,
+            line_start=point.line_start,
             poll_interval=self.settings.journal_poll_interval,
             # A read resumed after a link failure is no first read: the agent did write.
-            first_byte_timeout=self.settings.journal_stall_timeout if not consumed[0] else None,
+            first_byte_timeout=self.settings.journal_stall_timeout if not point.offset else None,
             max_bytes=self.settings.journal_max_bytes,
             max_line_bytes=journal.max_line_bytes,
         )
@@ -582,7 +677,7 @@ class Attempt:
                     continue
                 if batch.lines:
                     self._consume(journal, batch.lines)
-                    consumed[0] = batch.lines[-1][1]
+                    consumed[0] = consumed[0].after(batch.lines)
                 if not batch.ended:
                     continue
                 if batch.error is not None:
@@ -615,14 +710,15 @@ class Attempt:
         return True
 
     def _confirm_lease(self) -> None:
-        """Start no agent on a lease this attempt may have lost. The heartbeat's word goes
-        while its last renewal holds the lease a while yet (half a lease); past that (a
-        long wait for a start slot, a process frozen and woken) its next beat may not
-        have come round to say that a successor took the run, and the successor may
-        have run the agent to its end already: the store is asked, with a renewal."""
+        """Start no agent on a lease this attempt may have lost: the store is asked, with
+        a renewal, right before every spawn. The heartbeat's word is not enough (a long
+        wait for a start slot, a process frozen and woken: its next beat may not have
+        come round to say that a successor took the run, which may have run the agent to
+        its end already), and neither is this machine's clock: a whole machine paused by
+        its hypervisor finds no time passed on any of its clocks, while the database's
+        ran on and the lease ran out (docs/architecture.md, "Lease time on a paused
+        machine")."""
         self.ownership.check()
-        if self.keeper.known_left() >= self.settings.lease_ttl / 2:
-            return
         if self.store.renew_lease(self.claim, self.settings.lease_ttl) is not Verdict.DONE:
             self.ownership.lose("lease-lost")
 
@@ -639,7 +735,7 @@ class Attempt:
 
     def _abort_past_deadline(self) -> None:
         error = {"reason": "deadline-exceeded", "message": _DEADLINE}
-        self._abort(lifecycle.run_error(_DEADLINE, "deadline-exceeded"), RunStatus.FAILED, error)
+        self._abort(RunStatus.FAILED, error)
 
     def _hand_over(self) -> None:
         """A drain's deadline passed (``HostBeacon``): stop driving and let the lease go
@@ -682,9 +778,16 @@ class Attempt:
         failure = lifecycle.exit_failure(exit_code, self.replay.agent_failure)
         error = None
         if failure is not None:
-            stderr = stderr_tail(ending.sandbox, journal.handle.paths) if ending.sandbox else b""
+            paths = journal.handle.paths
+            stderr = stderr_tail(ending.sandbox, paths) if ending.sandbox else b""
             limits = _limits_hit(ending.sandbox)
-            if exit_code == KILLED and limits.get("memory_kills"):
+            # The writer's disk watcher left its verdict beside the journal when it
+            # stopped the agent (sandbox/disk.py); a successor reads the same file.
+            disk = disk_verdict(ending.sandbox, paths) if ending.sandbox else None
+            if disk is not None:
+                failure = lifecycle.run_error(disk.message, "disk-limit")
+                limits = {**limits, **disk.as_limits()}
+            elif exit_code == KILLED and limits.get("memory_kills"):
                 failure = lifecycle.run_error(_MEMORY_LIMIT, "memory-limit")
             error = {
                 "reason": failure["code"],
@@ -774,6 +877,7 @@ class Attempt:
         pending = self.recorder.pending_tool_request
         if self.output.write_bytes(journal.journal_key, start, b"".join(raw), tool_request=pending):
             self.recorder.tool_request_written()
+        failpoint(self.settings, "segment-stored", self.claim.run_id)
         self._emit(self.replay.lines(raw))
 
     def _emit(self, chunks: list[Chunk]) -> None:

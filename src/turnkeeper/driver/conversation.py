@@ -41,13 +41,38 @@ class FollowUp:
         resumable = safe_session_id(previous.agent_session_id) if previous and same_agent else None
         return cls(history, resumable)
 
-    def prompt(self, prompt: str) -> str:
+    def prompt(self, prompt: str, *, max_bytes: int | None = None) -> str:
         """The prompt of an agent that recalls the transcript: the new message, then
-        what was said before it, one line per message, oldest first."""
-        lines = [prompt, "", HISTORY_HEADING]
-        for entry in self.history:
-            lines.extend(_said(entry))
-        return "\n".join(lines)
+        what was said before it, one line per message, oldest first.
+
+        ``max_bytes``: what the agent can be given (UTF-8). The new message was checked
+        against it at admission; the recalled lines are not, so the oldest are left out
+        (and that said) until the whole fits, or, for a message near the limit, it goes
+        alone: a long conversation never makes its next message fail. The same history
+        gives the same bytes, so a successor's agent is handed exactly what its
+        predecessor's was.
+        """
+        said = [line for entry in self.history for line in _said(entry)]
+        head = [prompt, "", HISTORY_HEADING]
+        full = "\n".join([*head, *said])
+        if max_bytes is None or len(full.encode()) <= max_bytes:
+            return full
+        budget = max_bytes - len("\n".join(head).encode())
+        start, kept_bytes = len(said), 0  # said[start:] is kept, said[:start] left out
+        while start > 0:
+            line = len(said[start - 1].encode()) + 1
+            note = len(_left_out(start - 1).encode()) + 1
+            if kept_bytes + line + note > budget:
+                break
+            start, kept_bytes = start - 1, kept_bytes + line
+        cut = "\n".join([*head, _left_out(start), *said[start:]])
+        # A message near the limit leaves no room even for the heading and the note: it
+        # goes alone, as a first message would (admission checked that it fits).
+        return cut if len(cut.encode()) <= max_bytes else prompt
+
+
+def _left_out(count: int) -> str:
+    return f"({count} earlier lines of this conversation left out: too long to recall)"
 
 
 def _last_heard(store: Store, history: list[TranscriptEntry]) -> Run | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from turnkeeper.chunks import Chunk
-from turnkeeper.store.records import Run, RunStatus
+from turnkeeper.store.records import Run, RunStatus, storable
 
 INTERRUPTED = "turnkeeper.interrupted"
 FRESH_WORKSPACE = "turnkeeper.fresh_workspace"
@@ -35,7 +35,10 @@ def run_finished(run_id: str, session_id: str) -> Chunk:
 
 
 def run_error(message: str, code: str) -> Chunk:
-    return {"type": "RUN_ERROR", "message": message, "code": code}
+    """The run's last chunk when it failed. Its message is the one Postgres stores in the
+    run's error (``records.storable``: an agent's NUL as ␀), so that a final chunk rebuilt
+    from the run (``final_chunk``) is this chunk."""
+    return {"type": "RUN_ERROR", "message": storable(message), "code": code}
 
 
 def final_chunk(run: Run) -> Chunk:

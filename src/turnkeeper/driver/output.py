@@ -22,70 +22,31 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-import structlog
-
 from turnkeeper.chunks import Chunk, fingerprint
 from turnkeeper.driver.ownership import Ownership
 from turnkeeper.errors import (
     LogClosedError,
     LogFencedError,
-    LogNotFencedError,
     LogUnavailableError,
     SequenceConflictError,
 )
 from turnkeeper.log import RunLog
 from turnkeeper.log.alignment import Aligner
+from turnkeeper.logconfig import get_logger
 from turnkeeper.store.records import Claim
 from turnkeeper.store.store import Store
 from turnkeeper.store.turns import ToolRequest
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _PAGE_TRIES = 50
 _PAGE_RETRY_WAIT = 0.01
 _REALIGN_TRIES = 8
-_END_TRIES = 8
 _LOST_UNDER_READ = "lost-under-read"
 
 # Fleet counters (RunLog.count), exported by the web app's /metrics.
 LEASE_RENEWALS = "lease_renewals"
 REFUSED_APPENDS = "refused_appends"
-
-
-def end_log(run_log: RunLog, run_id: str, epoch: int, final: Chunk) -> None:
-    """Close a log that may be half-written with ``final`` as its last chunk, at ``epoch``.
-
-    For endings outside the replayed output (cancel, a settled-without-owner run, an
-    error): the chunk goes at the log's next seq, unless it is already the last one
-    (a retry after a crash) or the log is closed (the first ending wins).
-
-    A log lost between the look and the write comes back from Postgres: the run is
-    settled, so closed, its final chunk in, and at the run's own epoch, below the one
-    the reaper fenced it at. Refused for either, the write looks again and finds the
-    log ended.
-    """
-    for _ in range(_END_TRIES):
-        state = run_log.state(run_id)
-        if state.closed:
-            return
-        try:
-            tail = run_log.snapshot(run_id, after_seq=max(0, state.next_seq - 2))
-            if not tail or tail[-1][1] != final:
-                run_log.append(run_id, epoch, state.next_seq, [final])
-            run_log.close(run_id, epoch)
-        except LogClosedError:
-            continue
-        except LogNotFencedError:
-            if not run_log.state(run_id).closed:
-                run_log.fence(run_id, epoch)
-        else:
-            return
-    raise LogUnavailableError(
-        "the log kept being lost while its final chunk was appended",
-        run_id=run_id,
-        epoch=epoch,
-        reason=_LOST_UNDER_READ,
-    )
 
 
 class StoredLogPages:

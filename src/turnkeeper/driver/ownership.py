@@ -12,13 +12,12 @@ from __future__ import annotations
 import threading
 from typing import NoReturn
 
-import structlog
-
 from turnkeeper.errors import OwnershipLostError
+from turnkeeper.logconfig import get_logger
 from turnkeeper.store.records import Claim, Verdict
 from turnkeeper.store.store import Store
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _MESSAGES = {
     "lease-lost": "the lease was lost; this attempt stops writing",

@@ -46,8 +46,8 @@ import structlog
 from turnkeeper import hosts
 from turnkeeper.config import Settings
 from turnkeeper.driver.ownership import Ownership
-from turnkeeper.driver.resilience import sandbox_retry_policy
-from turnkeeper.errors import JournalExistsError
+from turnkeeper.driver.resilience import is_transport_error, sandbox_retry_policy
+from turnkeeper.errors import JournalError, JournalExistsError, SandboxError
 from turnkeeper.sandbox import (
     AgentCommand,
     JournalHandle,
@@ -61,7 +61,7 @@ from turnkeeper.sandbox import (
     spawn_journaled,
 )
 from turnkeeper.sandbox.journal import exists_argv, remove_argv
-from turnkeeper.sandbox.runner import disarm, never_started
+from turnkeeper.sandbox.runner import claim_journal, disarm, never_started
 from turnkeeper.store.records import Claim, Run
 from turnkeeper.store.store import Store
 
@@ -186,25 +186,38 @@ def sentinel_of(journal: PlacedJournal, exit_code: int) -> bytes:
 
 class Placer:
     """An attempt's hands on its sandbox: every change to the placement is recorded,
-    fenced by the attempt, before it takes effect."""
+    fenced by the attempt, before it takes effect.
+
+    Two providers: the one that made the run's sandbox, by its name, to resume it,
+    follow its journal, stop or destroy it (whatever this worker's own configuration:
+    reading a jail leaves nobody out of it); and the one the run starts processes in,
+    asked for only when a process is to start (``start_provider``), since that is where
+    a worker may refuse it (docs/architecture.md, "What a takeover needs of its
+    worker")."""
 
     def __init__(
         self,
-        provider: SandboxProvider,
+        start_provider: Callable[[], SandboxProvider],
         store: Store,
         ownership: Ownership,
         claim: Claim,
         placement: Placement,
         *,
+        provider_named: Callable[[str], SandboxProvider],
         spec: SandboxSpec,
         settings: Settings,
         max_line_bytes: int | None = None,
         workspace_of: str | None = None,
     ) -> None:
-        """``workspace_of``: the session whose workspace the run uses (None: the run's
+        """``start_provider``: the provider the run starts its processes in, checked
+        against this worker's (it raises when the worker refuses it); ``provider_named``:
+        this worker's provider of a name, to act on a sandbox that exists.
+        ``workspace_of``: the session whose workspace the run uses (None: the run's
         sandbox is its own, destroyed once it settled)."""
         self.workspace_of = workspace_of
-        self.provider = provider
+        self._start_provider = start_provider
+        self._started_in: SandboxProvider | None = None
+        self._provider_named = provider_named
         self.store = store
         self.ownership = ownership
         self.claim = claim
@@ -220,6 +233,16 @@ class Placer:
     def journals(self) -> list[PlacedJournal]:
         return self.placement.journals
 
+    def start_provider(self) -> SandboxProvider:
+        """The provider new sandboxes are made and agent processes started in: asked of
+        the worker on first use, so that a takeover which starts nothing never asks."""
+        if self._started_in is None:
+            self._started_in = self._start_provider()
+        return self._started_in
+
+    def _provider_of(self, ref: SandboxRef) -> SandboxProvider:
+        return self._provider_named(ref.provider)
+
     # --- sandboxes ------------------------------------------------------------------
 
     def resume(self) -> Sandbox | None:
@@ -228,18 +251,26 @@ class Placer:
         ref = self.placement.sandbox
         if ref is None or not hosts.can_read(ref.provider, self.placement.host, self.settings):
             return None
-        return self._link(self.provider.resume, ref)
+        return self._link(self._provider_of(ref).resume, ref)
 
     def resume_or_create(self) -> Sandbox:
         """The sandbox to start the next agent process in: the run's own when this host
-        made it, else a new one here (another host's cgroup and uid are not ours). A
-        session's run with no sandbox yet starts in its session's workspace."""
+        made it in the provider this worker starts the run in, else a new one here
+        (another host's cgroup and uid are not ours, and a weaker jail than this worker's
+        starts nothing). A session's run with no sandbox yet starts in its session's
+        workspace."""
         ref = self.placement.sandbox
         if ref is None and self.workspace_of is not None:
             return self._session_workspace(self.workspace_of)
-        if ref is not None and not self._here(ref):
-            return self._create()
-        return self.resume() or self._create()
+        return self.recorded_to_start_in() or self._create()
+
+    def recorded_to_start_in(self) -> Sandbox | None:
+        """The run's recorded sandbox when the next agent process may start in it (made
+        here, by the provider this worker starts the run in, and not gone); else None."""
+        ref = self.placement.sandbox
+        if ref is None or not self._can_start_in(ref):
+            return None
+        return self.resume()
 
     def _session_workspace(self, session_id: str) -> Sandbox:
         """The session's workspace when this worker can use it, stopped first (whatever
@@ -251,12 +282,13 @@ class Placer:
         reason = workspace.gone or LOST_WORKSPACE
         if workspace.sandbox is not None:
             ref = SandboxRef.from_dict(workspace.sandbox)
-            usable = ref.provider == self.provider.name and hosts.can_spawn(
+            provider = self.start_provider()
+            usable = ref.provider == provider.name and hosts.can_spawn(
                 ref.provider, workspace.host, self.settings
             )
-            sandbox = self._link(self.provider.resume, ref) if usable else None
+            sandbox = self._link(provider.resume, ref) if usable else None
             if sandbox is not None:
-                self._link(self.provider.stop, ref)
+                self._link(provider.stop, ref)
                 self.placement = Placement(ref, list(self.placement.journals), workspace.host)
                 log.info("workspace.resumed", run_id=self.claim.run_id, sandbox=ref.id)
                 return sandbox
@@ -269,14 +301,18 @@ class Placer:
     def _here(self, ref: SandboxRef) -> bool:
         return hosts.can_spawn(ref.provider, self.placement.host, self.settings)
 
+    def _can_start_in(self, ref: SandboxRef) -> bool:
+        return self._here(ref) and ref.provider == self.start_provider().name
+
     def owns(self, sandbox: Sandbox) -> bool:
-        """Whether this host may start processes in ``sandbox`` (see ``resume_or_create``)."""
+        """Whether this worker may start processes in ``sandbox`` (see ``resume_or_create``)."""
         ref = self.placement.sandbox
-        return ref is not None and ref.id == sandbox.ref.id and self._here(ref)
+        return ref is not None and ref.id == sandbox.ref.id and self._can_start_in(ref)
 
     def _create(self) -> Sandbox:
+        provider = self.start_provider()
         # A retry after a lost reply makes a second directory: an orphan for the reaper.
-        ref = self._link(self.provider.create, self.claim.run_id, self.spec)
+        ref = self._link(provider.create, self.claim.run_id, self.spec)
         # Recorded with the first journal, before anything runs in it; a crash before
         # that leaves an empty orphan for the reaper.
         self.placement = Placement(
@@ -285,7 +321,7 @@ class Placer:
             self.settings.host_id,
             fresh_workspace=self.placement.fresh_workspace,
         )
-        sandbox = self._link(self.provider.resume, ref)
+        sandbox = self._link(provider.resume, ref)
         assert sandbox is not None  # noqa: S101 - just created
         return sandbox
 
@@ -299,7 +335,7 @@ class Placer:
         if not self._here(ref):
             log.info("sandbox.destroy_deferred", run_id=self.claim.run_id, host=self.placement.host)
             return
-        self._link(self.provider.destroy, ref)
+        self._link(self._provider_of(ref).destroy, ref)
 
     def stop(self) -> None:
         """End the run's agent (a cancel, a deadline): a session's workspace keeps its
@@ -308,7 +344,40 @@ class Placer:
         if self.workspace_of is None or ref is None:
             self.destroy()
         elif self._here(ref):
-            self._link(self.provider.stop, ref)
+            self._link(self._provider_of(ref).stop, ref)
+
+    def end_processes(self, journal: PlacedJournal) -> None:
+        """Kill every process of the sandbox ``journal`` ran in, before another agent
+        process of the run is recorded or started (docs/architecture.md, "A loss seen
+        late"). The sandbox may be gone: a provider calls it gone when its directory is,
+        and removing a directory kills nothing, so the provider's ``stop`` finds its
+        processes by handles that outlive the directory.
+
+        Raises ``SandboxError`` (``lost-agent-survived``) when the kill cannot be shown to
+        have worked: the run fails rather than run a second agent beside the first. A
+        sandbox of another host is left to that host (a host judged dead, whose
+        processes are not this kernel's to signal), and so is one the placement no
+        longer names (a host recorded only for the current sandbox)."""
+        ref = journal.handle.ref
+        current = self.placement.sandbox
+        if current is None or current.id != ref.id or not self._here(ref):
+            log.warning("sandbox.lost_not_ended", run_id=self.claim.run_id, sandbox=ref.id)
+            return
+        try:
+            self._link(self._provider_of(ref).stop, ref)
+        except SandboxError as exc:
+            if is_transport_error(exc):
+                raise
+            raise SandboxError(
+                "the processes of a lost agent process could not be shown dead, so no "
+                f"other agent process may start for the run: {exc.message}",
+                run_id=self.claim.run_id,
+                attempt_id=self.claim.attempt_id,
+                epoch=self.claim.epoch,
+                reason="lost-agent-survived",
+                sandbox=ref.id,
+            ) from exc
+        log.info("sandbox.lost_ended", run_id=self.claim.run_id, sandbox=ref.id)
 
     def settled(self) -> None:
         """The run settled: its own sandbox is destroyed; in a session's workspace only
@@ -357,10 +426,51 @@ class Placer:
 
     def disarm(self, journal: PlacedJournal) -> None:
         """A writer that never started must never start later (a frozen predecessor may
-        still be about to launch it): without its nonce file it exits before the agent."""
+        still be about to launch it): without its nonce file it exits before the agent.
+
+        Raises ``JournalError`` (``disarm-failed``) when the nonce file stays: the run
+        gives the process up only to start another, and two agents would then run."""
         sandbox = self.resume()
-        if sandbox is not None:
-            self._link(disarm, sandbox, journal.handle.paths)
+        if sandbox is not None and not self._link(disarm, sandbox, journal.handle.paths):
+            raise JournalError(
+                "cannot remove the nonce file of a journal whose writer has not started: "
+                "that writer may still start the agent, so no other agent process may "
+                "start for the run",
+                run_id=self.claim.run_id,
+                attempt_id=self.claim.attempt_id,
+                epoch=self.claim.epoch,
+                reason="disarm-failed",
+                journal=journal.journal_key,
+            )
+
+    def claim_unstarted(self, journal: PlacedJournal) -> bool | None:
+        """Make sure that no agent of ``journal``, recorded and never seen started, runs
+        beside the one about to start in another journal (docs/architecture.md, "Journals
+        that never started"): its owner may have stopped between its last renewal and
+        its prepare, and may still go on. In its own sandbox the journal is made first
+        (``claim_journal``), so a late prepare finds it and refuses; a journal made
+        before is disarmed (``never_started``). Then the sandbox's processes are ended.
+
+        True: no writer of it ever ran or ever will. False: a writer got past its lock,
+        and its agent is the run's (to follow, not to end). None: its sandbox is gone or
+        not readable here, so nothing can be claimed; its processes are ended by what
+        survives the directory (``end_processes``: an agent started in a sandbox removed
+        before the start was recorded), unless they are another host's."""
+        sandbox = self.resume()
+        if sandbox is None:
+            self.end_processes(journal)
+            return None
+        paths = journal.handle.paths
+        claimed = self._link(claim_journal, sandbox, paths) or self.never_started(sandbox, journal)
+        log.info(
+            "journal.claimed",
+            run_id=self.claim.run_id,
+            journal=journal.journal_key,
+            claimed=claimed,
+        )
+        if claimed:
+            self.end_processes(journal)
+        return claimed
 
     def never_started(self, sandbox: Sandbox, journal: PlacedJournal) -> bool:
         """Disarm the journal, then True when its writer never took the lock
@@ -399,6 +509,7 @@ class Placer:
                 prompt=prompt,
                 process=journal.handle.paths.process,
                 nonce=nonce_of(journal),
+                disk_max_bytes=self.settings.sandbox_disk,
                 after_prepare=after_prepare,
             )
         except JournalExistsError:

@@ -173,11 +173,6 @@ class TurnRecorder:
             ),
         )
 
-    @property
-    def recorded_beyond_start(self) -> bool:
-        """The slot had moved past ``before_provider`` of turn 0 before this attempt."""
-        return self._recorded > (0, 0)
-
     def interrupt(self) -> None:
         """Before interruption marks: the next agent process will stream under its own key."""
         self.journal_key = None

@@ -20,22 +20,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from itertools import islice
+from typing import TYPE_CHECKING
 
-import structlog
-
-from turnkeeper.agents.spec import AgentSpec
 from turnkeeper.agents.translator import TurnTracker, translator_for
 from turnkeeper.chunks import Chunk
 from turnkeeper.driver import lifecycle
-from turnkeeper.driver.placement import Placement, nonce_of, process_index
 from turnkeeper.errors import AgentError, InvalidSentinelError, LogGoneError
 from turnkeeper.log.origin import LogOrigin
+from turnkeeper.logconfig import get_logger
 from turnkeeper.sandbox.journal import SENTINEL_PREFIX, parse_sentinel
 from turnkeeper.sandbox.lines import Line, LinePiece, LineSplitter
 from turnkeeper.store.records import Run, RunStatus
 from turnkeeper.store.store import Store
 
-log = structlog.get_logger(__name__)
+if TYPE_CHECKING:
+    from turnkeeper.driver.placement import Placement
+
+log = get_logger(__name__)
 
 __all__ = [
     "Line",
@@ -194,6 +195,11 @@ def stored_chunks(store: Store, run: Run) -> Iterator[Chunk]:
         if run.status.is_terminal:
             yield lifecycle.final_chunk(run)
         return
+    # Loaded here, not with this module: the client rebuilds the log of a queued run it
+    # cancelled without either (bench/cli_start.py); a worker has both loaded.
+    from turnkeeper.agents.spec import AgentSpec  # noqa: PLC0415
+    from turnkeeper.driver.placement import nonce_of, process_index  # noqa: PLC0415
+
     payload = run.payload if isinstance(run.payload, dict) else {}
     try:
         spec = AgentSpec.from_payload(payload.get("agent", "scripted"))
@@ -203,7 +209,7 @@ def stored_chunks(store: Store, run: Run) -> Iterator[Chunk]:
         return
     replay = Replay(run.run_id, run.session_id, spec.format)
     yield from replay.started()
-    placement = Placement.of(run)
+    placement = _placement(run)
     if placement.fresh_workspace is not None:
         yield from replay.fresh_workspace(placement.fresh_workspace)
     journals = placement.journals
@@ -245,4 +251,12 @@ class StoredLog:
             epoch=max(run.epoch, 1),
             closed=run.status.is_terminal,
             chunks=stored_chunks(self.store, run),
+            holds_output=run.epoch > 0 and bool(_placement(run).journals),
+            settled_at=run.finished_at if run.status.is_terminal else None,
         )
+
+
+def _placement(run: Run) -> Placement:
+    from turnkeeper.driver.placement import Placement  # noqa: PLC0415 - see stored_chunks
+
+    return Placement.of(run)

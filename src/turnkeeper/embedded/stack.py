@@ -3,7 +3,10 @@
 Starting is idempotent and safe across processes: a file lock serializes
 starters, a server already running on the data directory is reused, and the
 chosen ports are remembered in ``stack.json`` so that the URLs stay the same
-from one start to the next.
+from one start to the next. The URLs carry each server's password (``passwords.py``),
+which only the data directory's owner can read; a data directory made before the
+servers had passwords is upgraded on its first start (``postgres.py``, ``redis.py``),
+keeping its data and its ports.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import structlog
 from filelock import FileLock, Timeout
 
 from turnkeeper.config import Settings
+from turnkeeper.embedded.passwords import keep_private
 from turnkeeper.embedded.ports import free_port, port_in_use
 from turnkeeper.embedded.postgres import EmbeddedPostgres
 from turnkeeper.embedded.redis import EmbeddedRedis
@@ -58,7 +62,7 @@ class EmbeddedStack:
         return self.data_dir / "stack.json"
 
     def _lock(self) -> FileLock:
-        return FileLock(self.data_dir / "stack.lock", timeout=_LOCK_TIMEOUT)
+        return FileLock(self.data_dir / "stack.lock", mode=0o600, timeout=_LOCK_TIMEOUT)
 
     def start(self) -> StackUrls:
         """Start whatever is not running yet and return the URLs of both servers."""
@@ -106,6 +110,7 @@ class EmbeddedStack:
     def _start_each(self, ports: dict[str, int], started: set[str]) -> StackUrls:
         pg_port = self.postgres.running_port()
         if pg_port is None:
+            self.postgres.stop()  # one without a password may run: its port is taken again
             pg_port = self._choose_port("postgres", ports)
             self.postgres.start(pg_port)
             started.add("postgres")
@@ -113,12 +118,16 @@ class EmbeddedStack:
 
         redis_port = self.redis.running_port(ports.get("redis"))
         if redis_port is None:
+            self.redis.stop(ports.get("redis"))  # as above
             redis_port = self._choose_port("redis", ports)
             self.redis.start(redis_port)
             started.add("redis")
         ports["redis"] = redis_port
 
-        self._state_file.write_text(json.dumps(ports))
+        fd = os.open(self._state_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as state:
+            state.write(json.dumps(ports))
+        keep_private(self._state_file)
         log.info("embedded.stack.ready", started=sorted(started), **ports)
         return StackUrls(self.postgres.url(pg_port), self.redis.url(redis_port), frozenset(started))
 
@@ -159,6 +168,7 @@ class EmbeddedStack:
                 "point it at a writable directory",
                 reason="data-dir",
             )
+        keep_private(self.data_dir / "stack.lock")  # made 0644 before
 
 
 def resolve_services(settings: Settings, *, start: bool) -> tuple[Settings, StackUrls | None]:

@@ -32,16 +32,15 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-import structlog
-
 from turnkeeper.chunks import Chunk, fingerprint
 from turnkeeper.errors import (
     AlignmentError,
     JournalReplayDivergedError,
     JournalReplayShortError,
 )
+from turnkeeper.logconfig import get_logger
 
-logger = structlog.get_logger(__name__)
+logger = get_logger(__name__)
 
 DEFAULT_MAX_OUT_OF_BAND_SKIP: Final = 64
 OUT_OF_BAND_KINDS: Final[frozenset[str]] = frozenset()

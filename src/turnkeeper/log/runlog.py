@@ -38,11 +38,11 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Iterator, Sequence
+from datetime import timedelta
 from itertools import islice
 from typing import Any, Final, Self, cast
 
 import redis
-import structlog
 
 from turnkeeper.chunks import Chunk, encode_chunk
 from turnkeeper.config import Settings
@@ -69,9 +69,10 @@ from turnkeeper.log.keys import (
     check_namespace,
     fleet_counters_key,
 )
-from turnkeeper.log.origin import LogSource
+from turnkeeper.log.origin import LogSource, rebuild_cause
+from turnkeeper.logconfig import get_logger
 
-logger = structlog.get_logger(__name__)
+logger = get_logger(__name__)
 
 DEFAULT_BLOCK_MS: Final = 5_000
 # redis-py's default socket timeout (5 s) would cut a parked XREAD BLOCK of 5 s short.
@@ -79,6 +80,8 @@ SOCKET_TIMEOUT: Final = DEFAULT_BLOCK_MS / 1000 + 10
 DEFAULT_PAGE_SIZE: Final = 1_000
 REBUILD_LOCK_MS: Final = 15_000
 """How long a rebuild holds a log without writing a page before the next reader takes over."""
+LOGS_LOST: Final = "logs_lost"
+"""The fleet counter of logs Redis lost that were rebuilt (``log.rebuilt``)."""
 REBUILD_WAIT_SECONDS: Final = 120.0
 """How long a read or write waits for other rebuilds before giving up (LogUnavailableError)."""
 _REBUILD_POLL = 0.02
@@ -199,7 +202,7 @@ class RunLog:
                 break
             # Lost (or never made): rebuilt at Postgres's epoch first, so the fence
             # never makes an empty log of a run that has output.
-            create = not self.ensure(run_id)
+            create = not self.ensure(run_id, found_by="fence")
         stored = script_result(reply, run_id=run_id, epoch=epoch, operation="fence")
         logger.info("log.fenced", run_id=run_id, epoch=epoch, stored_epoch=stored)
         return stored
@@ -239,17 +242,18 @@ class RunLog:
             lost = reason == b"unfenced" and int(reply[1]) == 0
             if self.source is None or not (reason == b"rebuilding" or lost):
                 return reply
-            if not self.ensure(run_id):
+            if not self.ensure(run_id, found_by=operation):
                 return reply  # the run has no log: an unfenced write stays refused
 
     # --- rebuilding a lost log -----------------------------------------------------------
 
-    def ensure(self, run_id: str) -> bool:
+    def ensure(self, run_id: str, *, found_by: str = "read") -> bool:
         """Make sure the log is in Redis: rebuild it from the source when it was lost,
         or wait for the rebuild another reader or writer is doing.
 
         True when the log is there now; False when the run has no log yet (or no
         source was given). Raises LogGoneError when it was lost and cannot be rebuilt.
+        ``found_by``: the operation that found it missing (for the log line).
         """
         if self.source is None:
             return False
@@ -259,7 +263,7 @@ class RunLog:
             if not state.missing:
                 return True
             if not state.rebuilding:
-                rebuilt = self._rebuild(run_id)
+                rebuilt = self._rebuild(run_id, found_by)
                 if rebuilt is not None:
                     return rebuilt
             if time.monotonic() > deadline:
@@ -270,7 +274,7 @@ class RunLog:
                 )
             time.sleep(_REBUILD_POLL)
 
-    def _rebuild(self, run_id: str) -> bool | None:
+    def _rebuild(self, run_id: str, found_by: str) -> bool | None:
         """One try at rebuilding: True (rebuilt, or found present), False (the run has
         no log), None (another rebuild holds it, or took it over: wait and look again)."""
         assert self.source is not None  # noqa: S101 - checked by ensure
@@ -308,14 +312,22 @@ class RunLog:
         except BaseException:
             self._abort_rebuild(run_id, token)
             raise
-        logger.warning(
-            "log.rebuilt",
-            run_id=run_id,
-            epoch=origin.epoch,
-            closed=origin.closed,
-            last_seq=last,
-            seconds=round(time.perf_counter() - started, 3),
-        )
+        cause = rebuild_cause(origin, timedelta(milliseconds=self.retention_ms), found_by)
+        fields = {
+            "run_id": run_id,
+            "epoch": origin.epoch,
+            "closed": origin.closed,
+            "last_seq": last,
+            "found_by": found_by,
+            "seconds": round(time.perf_counter() - started, 3),
+        }
+        if cause == "first":
+            logger.debug("log.made", **fields)
+        elif cause == "expired":
+            logger.info("log.restored", reason=cause, **fields)
+        else:
+            self.count(LOGS_LOST)
+            logger.warning("log.rebuilt", reason=cause, **fields)
         return True
 
     def _abort_rebuild(self, run_id: str, token: str) -> None:
@@ -361,7 +373,7 @@ class RunLog:
         log for one that exists (an aligner would take it for an empty log)."""
         state = self._read_state(run_id)
         for stalls in range(SHORT_READ_TRIES + 2):
-            if not state.missing or not self.ensure(run_id):
+            if not state.missing or not self.ensure(run_id, found_by="read"):
                 return state
             state = self._read_state(run_id)
             check_short_read(stalls, run_id, 0)

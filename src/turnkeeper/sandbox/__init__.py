@@ -1,10 +1,20 @@
-"""Sandboxes and the run journal: providers, the jail, journaled agents and their readers."""
+"""Sandboxes and the run journal: providers, the jail, journaled agents and their readers.
+
+``provider_for`` loads on first access, and with it every provider (bwrap, the local
+jail, ssh, the egress proxy): a run's command and journal format are all that the
+client needs of this package to write a cancelled run's log (``driver.replay``), and a
+``turnkeeper cancel`` a script calls in a loop should not pay for the providers
+(bench/cli_start.py). A worker imports ``sandbox.factory`` itself when it starts
+(``workers.runtime``).
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from turnkeeper.sandbox.codec import decode_run_id, encode_run_id, parse_journal_name
 from turnkeeper.sandbox.command import PROMPT, PROMPT_FILE, AgentCommand
-from turnkeeper.sandbox.factory import provider_for
 from turnkeeper.sandbox.journal import JournalPaths, exit_sentinel_line, new_nonce
 from turnkeeper.sandbox.provider import (
     Capabilities,
@@ -23,6 +33,9 @@ from turnkeeper.sandbox.runner import (
     spawn_journaled,
     stderr_tail,
 )
+
+if TYPE_CHECKING:
+    from turnkeeper.sandbox.factory import provider_for
 
 __all__ = [
     "PROMPT",
@@ -51,3 +64,9 @@ __all__ = [
     "stderr_tail",
     "strategy_for",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "provider_for":
+        return importlib.import_module("turnkeeper.sandbox.factory").provider_for
+    raise AttributeError(name)

@@ -30,7 +30,7 @@ from turnkeeper.sandbox.jail import (
 from turnkeeper.sandbox.journal import LAUNCH_FAILED_EXIT, JournalPaths
 from turnkeeper.sandbox.local import LocalProvider, ProcessSandbox, SandboxState
 from turnkeeper.sandbox.provider import Capabilities, SandboxRef
-from turnkeeper.sandbox.seccomp import no_user_namespaces
+from turnkeeper.sandbox.seccomp import jail_filter
 from turnkeeper.sandbox.uids import UidPool
 
 BWRAP = "bwrap"
@@ -95,8 +95,12 @@ class BwrapSandbox(ProcessSandbox):
 def write_filter(root: Path) -> None:
     """The sandbox's seccomp filter (``seccomp.py``), where the writer opens it for bwrap."""
     path = root / SECCOMP_FILE
-    if not path.exists():  # sandboxes made by an older worker have none yet
-        path.write_bytes(no_user_namespaces())
+    program = jail_filter()
+    # A sandbox made by an older worker has none yet, or one that refuses less.
+    if not path.exists() or path.read_bytes() != program:
+        staged = path.with_name(f"{SECCOMP_FILE}.new")
+        staged.write_bytes(program)
+        staged.replace(path)
 
 
 class BwrapProvider(LocalProvider):
@@ -126,7 +130,7 @@ class BwrapProvider(LocalProvider):
                 "a root worker needs a uid range for its agents", reason="no-uid-range"
             )
         if self.uids is not None:
-            no_user_namespaces()  # refuse here, once, on a machine it has no filter for
+            jail_filter()  # refuse here, once, on a machine it has no filter for
         self.egress = egress
 
     def _prepare(self, root: Path, sandbox_id: str) -> None:
@@ -176,5 +180,5 @@ class BwrapProvider(LocalProvider):
     def sweep(self) -> int:
         swept = super().sweep()
         if self.uids is not None:
-            swept += self.uids.release_stale()
+            swept += self.uids.release_stale(self.root)
         return swept

@@ -205,9 +205,14 @@ class CgroupTree:
         """Names the sandboxes root a group belongs to (groups are named ``<tag>-<id>``)."""
         return hashlib.sha256(str(root).encode()).hexdigest()[:8]
 
-    def create(self, root: Path, sandbox_id: str, limits: Limits) -> Cgroup:
+    def group(self, root: Path, sandbox_id: str) -> Cgroup:
+        """The group of ``root``'s sandbox ``sandbox_id``, by its name alone: found again
+        when the sandbox's directory, and the state that records it, is gone."""
         name = f"{self.tag(root)}-{sandbox_id}"
-        group = Cgroup(self.version, tuple(str(p / name) for p in self.parents))
+        return Cgroup(self.version, tuple(str(p / name) for p in self.parents))
+
+    def create(self, root: Path, sandbox_id: str, limits: Limits) -> Cgroup:
+        group = self.group(root, sandbox_id)
         try:
             for path in group.paths:
                 Path(path).mkdir(mode=0o755, exist_ok=True)

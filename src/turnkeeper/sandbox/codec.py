@@ -30,9 +30,9 @@ _TOKEN_ALPHABET = re.compile(r"[A-Za-z0-9._-]+")
 _TRUNCATED_TAIL = re.compile(r"-[0-9a-f]{16}")
 _ESCAPE = re.compile(r"_([0-9A-Fa-f]{2})")
 
-JOURNAL_EXTENSIONS = ("ndjson", "err", "lock", "nonce", "prompt", "env")
+JOURNAL_EXTENSIONS = ("ndjson", "err", "lock", "nonce", "prompt", "env", "limit")
 """Every file a journaled agent process owns: journal, stderr, liveness lock, nonce,
-prompt and environment."""
+prompt, environment and the disk watcher's verdict."""
 
 
 def _escape_all(data: bytes) -> str:

@@ -16,6 +16,7 @@ import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from turnkeeper.errors import SandboxError
 
@@ -39,10 +40,15 @@ class AgentCommand:
 
 @dataclass(frozen=True, slots=True)
 class AgentLaunch:
-    """Shell code for the writer: ``code`` runs the agent, ``after_exit`` runs once it exited."""
+    """Shell code for the writer: ``code`` runs the agent, ``after_exit`` runs once it
+    exited, and ``stop`` (for the disk watcher, with the pid of ``code`` in ``$agent``)
+    SIGKILLs every process of the agent and no other, even after seconds in which the
+    agent's pids may have been freed and taken; empty, the watcher kills the agent's
+    process tree as it reads it right then."""
 
     code: str
     after_exit: str = ""
+    stop: str = ""
 
 
 def env_file(env: Mapping[str, str]) -> bytes:
@@ -69,18 +75,43 @@ def check_command(command: AgentCommand | str, prompt: bytes, run_id: str) -> No
                 run_id=run_id,
                 reason="env-too-long",
             )
-    if isinstance(command, AgentCommand) and PROMPT in command.argv:
-        if len(prompt) > MAX_ARGUMENT_BYTES:
-            raise SandboxError(
-                f"a prompt of {len(prompt)} bytes cannot be one argument (at most "
-                f"{MAX_ARGUMENT_BYTES}): give the agent {PROMPT_FILE} or its standard input",
-                run_id=run_id,
-                reason="prompt-too-long",
-            )
-        if b"\x00" in prompt:
-            raise SandboxError(
-                "a prompt argument cannot hold NUL", run_id=run_id, reason="bad-prompt"
-            )
+    as_argument = isinstance(command, AgentCommand) and PROMPT in command.argv
+    refusal = prompt_refusal(prompt, as_argument=as_argument)
+    if refusal is not None:
+        raise SandboxError(refusal.message, run_id=run_id, reason=refusal.reason, **refusal.fields)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptRefusal:
+    """Why an agent cannot be given a prompt: ``reason`` is a stable code."""
+
+    reason: str
+    message: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+def prompt_refusal(prompt: bytes, *, as_argument: bool) -> PromptRefusal | None:
+    """Why ``prompt`` (the UTF-8 bytes the agent receives) cannot reach an agent, or None.
+
+    The one decision, made twice: at admission (``AgentSpec.check_prompt``), so that a
+    request is refused before a run exists, and again at spawn (``check_command``),
+    where the prompt may have grown by the transcript a follow-up recalls. Through
+    ``{prompt_file}`` or standard input any prompt goes; as one argument (``{prompt}``)
+    the kernel takes at most ``MAX_ARGUMENT_BYTES``, and no NUL.
+    """
+    if not as_argument:
+        return None
+    if len(prompt) > MAX_ARGUMENT_BYTES:
+        return PromptRefusal(
+            "prompt-too-long",
+            f"the prompt is {len(prompt)} bytes (UTF-8), and the agent takes it as one "
+            f"command-line argument, at most {MAX_ARGUMENT_BYTES} bytes: shorten it, or "
+            f"give the agent {PROMPT_FILE} or its standard input instead",
+            {"prompt_bytes": len(prompt), "limit_bytes": MAX_ARGUMENT_BYTES},
+        )
+    if b"\x00" in prompt:
+        return PromptRefusal("bad-prompt", "a prompt argument cannot hold NUL")
+    return None
 
 
 def agent_script(

@@ -8,7 +8,8 @@ workspace read-write at ``/workspace`` (its HOME and working directory), a priva
 ``/tmp`` no larger than its memory limit, a ``/proc`` of its own pid namespace and a
 minimal, read-only ``/dev``. The jail's own root (a tmpfs of bwrap's, holding ``/etc``
 and ``/run``) is read-only too. Nothing else of the host: not the data directory, the
-journals, other sandboxes, ``/run``, ``/root`` or ``/home``. Every namespace is new,
+journals, other sandboxes, ``/run``, ``/root`` or ``/home`` (a worker refuses to start
+when a bind would show one of the fleet's paths: ``exposure.py``). Every namespace is new,
 network included: the only way out is the egress proxy's socket, bound in, when there
 is one.
 
@@ -43,6 +44,8 @@ SECCOMP_FD = 7
 """The writer hands bwrap the seccomp filter (``seccomp.py``) on this descriptor."""
 SECCOMP_FILE = "seccomp.bpf"
 """A root worker's filter, written in each sandbox's root (``BwrapSandbox.launch``)."""
+STOP_JAIL = 'kill -KILL "$agent" 2>/dev/null'
+"""How the disk watcher kills a jailed agent (``AgentLaunch.stop``): its bwrap alone."""
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
 ETC_ENTRIES = (
     "ssl", "pki", "ca-certificates", "ca-certificates.conf", "crypto-policies",
@@ -226,4 +229,7 @@ def jailed_launch(
     files = f"{PROMPT_FD}<{shlex.quote(paths.prompt_file)}"
     if seccomp:
         files += f" {SECCOMP_FD}<{shlex.quote(f'{root}/{SECCOMP_FILE}')}"
-    return AgentLaunch(f"( {prelude}exec {argv} ) {files}")
+    # bwrap itself is $agent (the subshell execs it), a child the writer has not reaped,
+    # so its pid is no one else's; its death ends the jail's pid namespace
+    # (--die-with-parent), which takes every process of the agent with it.
+    return AgentLaunch(f"( {prelude}exec {argv} ) {files}", stop=STOP_JAIL)

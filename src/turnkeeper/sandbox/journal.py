@@ -7,9 +7,10 @@ paths are built from the encoded run id and single-quoted anyway.
 Each agent process of a run gets its own files, ``<dir>/<encoded>.<n>.ndjson`` (stdout
 plus the sentinel), ``.err`` (the tail of stderr), ``.lock`` (held by the writer for
 the agent's whole life: the liveness witness), ``.nonce`` and ``.env`` (read, then
-deleted, by the writer before the agent starts) and ``.prompt``, so nothing is ever
-appended behind an old sentinel. The directory is on the sandbox's host, outside
-anything a jail shows its agent.
+deleted, by the writer before the agent starts; a disarm leaves ``.nonce`` empty),
+``.prompt`` and ``.limit`` (written by the writer's disk watcher when it stopped the
+agent, ``disk.py``), so nothing is ever appended behind an old sentinel. The directory
+is on the sandbox's host, outside anything a jail shows its agent.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import shlex
 from dataclasses import dataclass
 
 from turnkeeper.errors import InvalidSentinelError, JournalError
-from turnkeeper.sandbox.codec import encode_run_id
+from turnkeeper.sandbox.codec import journal_file_name
 from turnkeeper.sandbox.command import ENV_FD
 
 SENTINEL_PREFIX = b'{"__exit":'
@@ -38,6 +39,9 @@ LIVENESS_ALIVE = 1
 LIVENESS_FREE = 0
 LIVENESS_NOT_STARTED = 3
 JOURNAL_EXISTS_EXIT = 17
+JOURNAL_DISARMED_EXIT = 18
+"""A prepare made the journal, then found its nonce file's path taken: a disarm ran in
+between (``disarm_argv``), and no writer of that journal may ever start its agent."""
 LAUNCH_FAILED_EXIT = 125
 # A liveness probe holds the writer's lock for an instant; the writer waits that out
 # rather than mistaking it for a second writer and never starting the agent.
@@ -59,33 +63,37 @@ class JournalPaths:
             raise JournalError("journal directory must be absolute", run_id=self.run_id)
         object.__setattr__(self, "directory", self.directory.rstrip("/") or "/")
 
-    @property
-    def base(self) -> str:
-        return f"{self.directory}/{encode_run_id(self.run_id)}.{self.process}"
+    def _file(self, extension: str) -> str:
+        return f"{self.directory}/{journal_file_name(self.run_id, self.process, extension)}"
 
     @property
     def journal(self) -> str:
-        return f"{self.base}.ndjson"
+        return self._file("ndjson")
 
     @property
     def stderr(self) -> str:
-        return f"{self.base}.err"
+        return self._file("err")
 
     @property
     def lock(self) -> str:
-        return f"{self.base}.lock"
+        return self._file("lock")
 
     @property
     def nonce_file(self) -> str:
-        return f"{self.base}.nonce"
+        return self._file("nonce")
 
     @property
     def prompt_file(self) -> str:
-        return f"{self.base}.prompt"
+        return self._file("prompt")
 
     @property
     def env_file(self) -> str:
-        return f"{self.base}.env"
+        return self._file("env")
+
+    @property
+    def limit_file(self) -> str:
+        """The disk watcher's verdict, when it stopped the agent (``disk.py``)."""
+        return self._file("limit")
 
 
 def new_nonce() -> str:
@@ -144,15 +152,36 @@ def prepare_argv(paths: JournalPaths) -> list[str]:
 
     Fed on stdin: the nonce and a newline, the environment file's length and a newline,
     that many bytes, then the prompt to the end. Exits ``JOURNAL_EXISTS_EXIT`` when this
-    agent process's journal already exists.
+    agent process's journal already exists, ``JOURNAL_DISARMED_EXIT`` when the journal
+    was made here but its nonce file was disarmed before the nonce could be written.
+
+    Every file is created under ``set -C``, so the nonce's write fails on the empty
+    file a disarm leaves in its place (``disarm_argv``): a prepare stopped between the
+    journal and the nonce, and disarmed meanwhile, writes no nonce when it goes on
+    (docs/architecture.md, "Journals that never started").
     """
     return _sh(
         f"umask 077 && mkdir -p {_q(paths.directory)} || exit 2; "
         f"[ -e {_q(paths.journal)} ] && exit {JOURNAL_EXISTS_EXIT}; "
         f"set -C && : > {_q(paths.journal)} && : > {_q(paths.stderr)} "
-        f"&& IFS= read -r nonce && printf '%s' \"$nonce\" > {_q(paths.nonce_file)} "
+        f"&& IFS= read -r nonce "
+        f"&& {{ printf '%s' \"$nonce\" > {_q(paths.nonce_file)} "
+        f"|| exit {JOURNAL_DISARMED_EXIT}; }} "
         f'&& IFS= read -r size && head -c "$size" > {_q(paths.env_file)} '
         f"&& cat > {_q(paths.prompt_file)}"
+    )
+
+
+def claim_argv(paths: JournalPaths) -> list[str]:
+    """Create the journal, empty, exclusively, and nothing else: a prepare that comes
+    later finds it and refuses (``JOURNAL_EXISTS_EXIT``), so no writer of that agent
+    process ever starts. Exits ``JOURNAL_EXISTS_EXIT`` when the journal was there
+    already (a prepare came first), 2 when it cannot be made."""
+    j = _q(paths.journal)
+    return _sh(
+        f"umask 077 && mkdir -p {_q(paths.directory)} || exit 2; "
+        f"(set -C && : > {j}) 2>/dev/null && exit 0; "
+        f"[ -e {j} ] && exit {JOURNAL_EXISTS_EXIT}; exit 2"
     )
 
 
@@ -186,7 +215,9 @@ def writer_argv(
     )
     return _sh(
         f"exec 9>>{_q(paths.lock)} || exit 97; flock -w {WRITER_LOCK_WAIT} 9 || exit 98; "
-        f"nonce=$(cat {_q(paths.nonce_file)}) && rm -f {_q(paths.nonce_file)} || exit 99; "
+        # An empty nonce file is a disarm's (``disarm_argv``): no nonce, no agent.
+        f'nonce=$(cat {_q(paths.nonce_file)}) && [ -n "$nonce" ] '
+        f"&& rm -f {_q(paths.nonce_file)} || exit 99; "
         f"exec {ENV_FD}<{_q(paths.env_file)} && rm -f {_q(paths.env_file)} || exit 96; "
         f"code=$( {{ {agent}; }} 5>&1 ); exec {ENV_FD}<&-; "
         f'if [ -s {j} ] && [ "$(tail -c 1 {j} | wc -l)" -eq 0 ]; then printf "\\n" >>{j}; fi; '
@@ -224,7 +255,24 @@ def tail_argv(path: str, max_bytes: int) -> list[str]:
 def remove_argv(paths: JournalPaths) -> list[str]:
     """Remove one agent process's files (its run settled; its sandbox lives on)."""
     files = (paths.journal, paths.stderr, paths.lock, paths.nonce_file, paths.prompt_file)
-    return _sh(f"rm -f -- {' '.join(_q(f) for f in (*files, paths.env_file))}")
+    rest = (paths.env_file, paths.limit_file)
+    return _sh(f"rm -f -- {' '.join(_q(f) for f in (*files, *rest))}")
+
+
+def disarm_argv(paths: JournalPaths) -> list[str]:
+    """Remove the nonce file and put an empty file in its place, made exclusively; exit
+    0 only when that create made it (a removal ``rm`` could not make, a nonce written
+    in between, or anything but a regular file left at the path, exits 1).
+
+    The empty file stays until the journal's files are removed: a prepare that made the
+    journal and has not written the nonce yet cannot write it there (``set -C``), and a
+    writer reads no nonce from it. Removing the file alone would let such a prepare,
+    stopped and woken later, write its nonce after the disarm."""
+    nonce = _q(paths.nonce_file)
+    return _sh(
+        f"rm -f -- {nonce} 2>/dev/null; (set -C && : > {nonce}) 2>/dev/null "
+        f"&& [ -f {nonce} ] && [ ! -L {nonce} ]"
+    )
 
 
 def exists_argv(paths: JournalPaths) -> list[str]:

@@ -18,11 +18,17 @@ line's bytes only, never on how they were read, so a replay from byte 0 cuts exa
 where the live read cut. A piece's end offset is just past its last byte, or just
 past the newline for the line's final piece; the splitter then holds at most ``M``
 bytes of an unfinished line.
+
+A read that stops after a piece and starts again (a follow resumed after its link
+dropped) starts again inside that line: it is given the line's start as well as its
+own (``ReadPoint``), so it cuts the rest where an uninterrupted read would have, and
+hands out the line's last bytes as its final piece rather than as a line of their own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from itertools import accumulate
 from operator import add, itemgetter
 
@@ -52,19 +58,56 @@ class LinePiece(bytes):
         return LinePiece(self + b"\n", True) if self.final else self
 
 
-class LineSplitter:
-    """Feed chunks, get ``(line_without_newline, end_position)`` for complete lines."""
+@dataclass(frozen=True)
+class ReadPoint:
+    """Where a read of a journal stands: ``offset`` just past the last line or piece it
+    handed out, ``line_start`` where the line that one belongs to began.
 
-    def __init__(self, start: int = 0, *, max_line_bytes: int | None = None) -> None:
+    The two are equal between lines. They differ after a piece that is not its line's
+    last: a read started again there must know how much of the line it already cut, or
+    it would take the line's rest for a whole line (``LineSplitter(line_start=...)``).
+    """
+
+    offset: int = 0
+    line_start: int = 0
+
+    def after(self, lines: Sequence[Line]) -> ReadPoint:
+        """The point once ``lines`` (the next lines or pieces of the read) are handed out."""
+        if not lines:
+            return self
+        offset = lines[-1][1]
+        for line, end in reversed(lines):  # the common last item ends its line: one step
+            if not isinstance(line, LinePiece) or line.final:
+                return ReadPoint(offset, end)
+        return ReadPoint(offset, self.line_start)
+
+
+class LineSplitter:
+    """Feed chunks, get ``(line_without_newline, end_position)`` for complete lines.
+
+    ``start`` is the offset of the first byte fed; ``line_start``, when the read starts
+    inside a line it already cut into pieces (``ReadPoint``), is where that line began.
+    """
+
+    def __init__(
+        self, start: int = 0, *, max_line_bytes: int | None = None, line_start: int | None = None
+    ) -> None:
         if max_line_bytes is not None and max_line_bytes < 1:
             raise ValueError(f"max_line_bytes must be positive, got {max_line_bytes!r}")
+        cut = 0 if line_start is None else start - line_start
+        if cut and (cut < 0 or max_line_bytes is None or cut % max_line_bytes):
+            # Only the end of a piece is a place to start inside a line: anything else
+            # would cut the rest of the line elsewhere than the first read did.
+            raise ValueError(
+                f"a read cannot start {cut} bytes into a line under a cap of {max_line_bytes}"
+            )
         self._buffer = bytearray()  # the unfinished line's bytes not yet handed out
         self.position = start  # offset just past the last line or piece handed out
         self.max_line_bytes = max_line_bytes
         self.received = 0
         self.peak_pending = 0
         """The most bytes of an unfinished line held at once, after a chunk was taken."""
-        self._cut = 0  # bytes of the unfinished line already handed out as pieces
+        self._cut = cut  # bytes of the unfinished line already handed out as pieces
         self._taken_cut = 0  # the same, for the first line of the last ``take``
 
     @property

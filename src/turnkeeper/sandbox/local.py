@@ -23,9 +23,10 @@ import shlex
 import shutil
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -48,6 +49,7 @@ log = structlog.get_logger(__name__)
 
 PROCS_FILE = "procs"
 STATE_FILE = "sandbox.json"
+_KILL_ROUNDS = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,9 +143,8 @@ class ProcessSandbox:
         if self.state.cgroup is None:
             return AgentLaunch(f"( {code} )")
         attach = self.state.cgroup.attach_script()
-        return AgentLaunch(
-            f"( {attach} || exit {LAUNCH_FAILED_EXIT}; {code} )", self.state.cgroup.kill_script()
-        )
+        kill = self.state.cgroup.kill_script()  # its members are the agent's alone
+        return AgentLaunch(f"( {attach} || exit {LAUNCH_FAILED_EXIT}; {code} )", kill, kill)
 
     @property
     def agent_rlimits(self) -> tuple[int, int] | None:
@@ -301,7 +302,7 @@ class LocalProvider:
 
     def destroy(self, ref: SandboxRef) -> None:
         root = self._owned_root(ref)
-        state = _kill_recorded(root)
+        state = self._end_processes(root, ref.id)
         if state.cgroup is not None:
             state.cgroup.remove()
         self._release(root, state)
@@ -317,12 +318,40 @@ class LocalProvider:
 
     def stop(self, ref: SandboxRef) -> None:
         root = self._owned_root(ref)
-        state = _kill_recorded(root)
-        if state.cgroup is not None:
-            state.cgroup.kill()
+        self._end_processes(root, ref.id)
         with contextlib.suppress(FileNotFoundError):
             (root / PROCS_FILE).unlink()
         log.info("sandbox.stopped", provider=self.name, sandbox=ref.id)
+
+    def _end_processes(self, root: Path, sandbox_id: str) -> SandboxState:
+        """Kill every process of the sandbox, and raise ``SandboxError`` (``kill-failed``)
+        unless none is left; its state, as far as it can still be read.
+
+        This works without the sandbox's directory too (removed by an operator while its
+        agent ran on): removing a directory kills nothing, and a run that continues in a
+        new sandbox must not start its agent beside the old one. The handles that
+        survive the directory are the sandbox's cgroup, found by its name
+        (``CgroupTree.group``), and the working directories of its writer and helpers,
+        which are the sandbox's (deleted or not) for as long as they live."""
+        state = _kill_recorded(root)
+        if state.cgroup is None and self.cgroups is not None:
+            state = replace(state, cgroup=self.cgroups.group(self.root, sandbox_id))
+        for _ in range(_KILL_ROUNDS):
+            working = _working_in(root)
+            if not working:
+                break
+            for pid in working:
+                _kill_group_or_process(pid)
+            time.sleep(0.01)
+        else:
+            raise SandboxError(
+                "processes working in the sandbox survived the kill",
+                reason="kill-failed",
+                sandbox=sandbox_id,
+            )
+        if state.cgroup is not None:
+            state.cgroup.kill()
+        return state
 
     def _release(self, root: Path, state: SandboxState) -> None:
         """Give back what the sandbox held beyond its directory (a uid, for bwrap)."""
@@ -341,6 +370,29 @@ class LocalProvider:
             except SandboxError as exc:
                 log.warning("sandbox.cgroup_sweep_failed", sandbox=sandbox_id, error=str(exc))
         return removed
+
+
+def _working_in(root: Path) -> list[int]:
+    """The processes whose working directory is ``root`` or below it, also once it was
+    removed (psutil reads ``<path> (deleted)`` as the path)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if Path(proc.cwd()).is_relative_to(root):
+                found.append(proc.pid)
+        except (psutil.Error, OSError):
+            continue  # gone, a zombie (no cwd), or a kernel thread
+    return found
+
+
+def _kill_group_or_process(pid: int) -> None:
+    """SIGKILL the process group ``pid`` leads (a writer: its agent is in it), else
+    the process alone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
 
 
 def _kill_recorded(root: Path) -> SandboxState:

@@ -7,7 +7,9 @@ Two strategies, chosen from the sandbox's capabilities: ``follow`` (a killable
 - starts at any byte offset and yields ``(line, end_position)`` for complete lines;
 - with ``max_line_bytes``, hands a longer line out in pieces as it streams
   (``LinePiece``, cut at fixed byte offsets of the line, see ``sandbox/lines.py``),
-  so it holds at most that many bytes of an unfinished line (``peak_pending``);
+  so it holds at most that many bytes of an unfinished line (``peak_pending``); a
+  reader started at the end of one of a line's pieces is told where that line began
+  (``line_start``, from a ``ReadPoint``), and goes on cutting it as one read would;
 - stops at this agent process's nonce-checked sentinel and records its exit code, but
   only when it is the journal's final line: the writer appends it last, so a sentinel
   followed by anything is a forgery (the nonce leaked), and the read fails with
@@ -32,8 +34,6 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Literal
 
-import structlog
-
 from turnkeeper.errors import (
     AgentVanishedError,
     InvalidSentinelError,
@@ -42,6 +42,7 @@ from turnkeeper.errors import (
     JournalTooLargeError,
     SandboxError,
 )
+from turnkeeper.logconfig import get_logger
 from turnkeeper.sandbox.journal import (
     EXIT_PROBE_BYTES,
     LIVENESS_ALIVE,
@@ -59,7 +60,7 @@ from turnkeeper.sandbox.journal import (
 from turnkeeper.sandbox.lines import Line, LinePiece, LineSplitter
 from turnkeeper.sandbox.provider import Capabilities, Sandbox
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Strategy = Literal["follow", "poll"]
 
@@ -165,6 +166,7 @@ class JournalReader:
         *,
         nonce: str,
         from_byte: int = 0,
+        line_start: int | None = None,
         stop: StopSignal | None = None,
         strategy: Strategy | None = None,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
@@ -189,7 +191,12 @@ class JournalReader:
         self.liveness_interval = liveness_interval
         self.max_bytes = max_bytes
         self.max_line_bytes = max_line_bytes
-        self._splitter = LineSplitter(from_byte, max_line_bytes=max_line_bytes)
+        try:
+            self._splitter = LineSplitter(
+                from_byte, max_line_bytes=max_line_bytes, line_start=line_start
+            )
+        except ValueError as exc:
+            raise JournalError(str(exc), run_id=paths.run_id, position=from_byte) from exc
         self._nonce_bytes = nonce.encode()
         self.exit_code: int | None = None
         self.end_position: int | None = None

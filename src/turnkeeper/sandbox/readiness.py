@@ -3,7 +3,8 @@
 Not a look at the configuration but a real start: a sandbox is created, a trivial agent
 runs in it journaled, exactly as a run's would (writer, jail, cgroup, uid), and its
 sentinel must come back with exit code 0. A worker that cannot do that refuses to start
-with one line saying how to fix it, rather than fail every run it takes.
+with one line saying how to fix it, rather than fail every run it takes. Before that, no
+bind of a jail may show agents a path of the fleet's own (``exposure.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,14 @@ import structlog
 from turnkeeper.config import Settings
 from turnkeeper.errors import ConfigError, TurnkeeperError
 from turnkeeper.sandbox.bwrap import bwrap_binary
+from turnkeeper.sandbox.exposure import (
+    NO_AGENT_PATHS,
+    AgentPaths,
+    exposures,
+    fleet_paths,
+    jail_binds,
+    remote_paths,
+)
 from turnkeeper.sandbox.factory import provider_for
 from turnkeeper.sandbox.provider import SandboxProvider, SandboxRef, SandboxSpec
 from turnkeeper.sandbox.reader import JournalReader, StopSignal
@@ -42,9 +51,14 @@ NOT_ISOLATED = (
 )
 
 
-def check_provider(settings: Settings) -> None:
-    """Start a trivial agent in the configured provider; ConfigError says how to fix it."""
+def check_provider(settings: Settings, agents: AgentPaths = NO_AGENT_PATHS) -> None:
+    """Start a trivial agent in the configured provider; ConfigError says how to fix it.
+
+    ``agents``: the binds and key files of the agents the worker may run
+    (``agents.readiness.agent_paths``), checked with the jail's own binds.
+    """
     name = settings.sandbox_provider
+    check_binds(settings, agents)
     if name == "bwrap" and bwrap_binary() is None:
         raise ConfigError(
             "bubblewrap is not installed: install it (Debian: apt-get install bubblewrap) or "
@@ -70,6 +84,29 @@ def check_provider(settings: Settings) -> None:
     if name == "local":
         log.warning("sandbox.not_isolated", provider=name, detail=NOT_ISOLATED)
     log.info("sandbox.ready", provider=name)
+
+
+def check_binds(settings: Settings, agents: AgentPaths = NO_AGENT_PATHS) -> None:
+    """Refuse jails any of whose binds would show agents a path of the fleet's own.
+
+    A run may ask for a stronger provider than the worker's (``factory.STRENGTH``), so
+    each worker checks the jails its runs may get: this host's ``bwrap`` jails (for an
+    ``ssh`` worker, where bwrap is installed), and for ``ssh`` the remote host's, as
+    written. A ``local`` worker is no boundary itself: it only warns, for runs that
+    would ask it for ``bwrap``.
+    """
+    binds = [*jail_binds(settings), *agents.binds]
+    here = exposures(binds, [*fleet_paths(settings), *agents.private])
+    provider = settings.sandbox_provider
+    if provider == "local":
+        if here:
+            log.warning("sandbox.binds_show_the_fleet", detail="; ".join(here), provider=provider)
+        return
+    problems = here if provider == "bwrap" or bwrap_binary() is not None else []
+    if provider == "ssh":
+        problems = [*exposures(binds, remote_paths(settings), resolve=False), *problems]
+    if problems:
+        raise ConfigError("; ".join(problems), reason="bind-exposes-fleet")
 
 
 def _trivial_agent(provider: SandboxProvider, ref: SandboxRef) -> str | None:

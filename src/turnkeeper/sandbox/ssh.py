@@ -72,6 +72,9 @@ from turnkeeper.sandbox.egress import ensure_proxy
 print(ensure_proxy(load_settings(data_dir=sys.argv[1], sandbox_egress=sys.argv[2])))
 """
 _REMOTE_PATH = "/usr/local/bin:/usr/bin:/bin"
+KILL_FAILED_EXIT = 3
+"""The kill script's status when processes working in the sandbox survived it."""
+_KILL_ROUNDS = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +224,15 @@ def _remote(workspace: str, env: Mapping[str, str], argv: Sequence[str]) -> str:
         f"cd {shlex.quote(workspace)} && {{ {_env_command(env, argv)}; }}; "
         f"s=$?; [ $s -eq {SSH_CONNECTION_FAILED} ] && s={REMOTE_255_AS}; exit $s"
     )
+
+
+def _check_killed(result: ExecResult, ref: SandboxRef) -> None:
+    if result.exit_code == KILL_FAILED_EXIT:
+        raise SandboxError(
+            "processes working in the remote sandbox survived the kill",
+            reason="kill-failed",
+            sandbox=ref.id,
+        )
 
 
 class SshProcess:
@@ -465,7 +477,13 @@ class SshProvider:
 
     def destroy(self, ref: SandboxRef) -> None:
         root = self._check(ref)
-        result = self.connection.run(f"{self._kill_script(ref)}; rm -rf -- {root}", timeout=60)
+        # A directory its agent made unreadable or unwritable stops rm as that same user:
+        # its owner opens it again (the agent is dead by then), or the disk stays full.
+        remove = (
+            f"rm -rf -- {root} 2>/dev/null || {{ chmod -R u+rwx -- {root}; rm -rf -- {root}; }}"
+        )
+        result = self.connection.run(f"{self._kill_script(ref)}; {remove}", timeout=60)
+        _check_killed(result, ref)
         if result.exit_code != 0:
             raise SandboxError(
                 "cannot remove the remote sandbox", reason="destroy-failed", sandbox=ref.id
@@ -475,6 +493,7 @@ class SshProvider:
     def stop(self, ref: SandboxRef) -> None:
         root = self._check(ref)
         result = self.connection.run(f"{self._kill_script(ref)}; rm -f -- {root}/procs", timeout=60)
+        _check_killed(result, ref)
         if result.exit_code != 0:
             raise SandboxError(
                 "cannot stop the remote sandbox", reason="stop-failed", sandbox=ref.id
@@ -485,15 +504,24 @@ class SshProvider:
         """Shell code that kills the writers' groups (the jail's pid namespace dies with
         its bwrap), then every process still working in the workspace: sshd does not end
         a session's command when its client goes away, so a dead worker leaves its
-        ``tail -F`` behind."""
+        ``tail -F`` behind. A workspace removed under its processes (an operator's
+        ``rm -rf``) takes the ``procs`` file with it and kills nothing: its processes are
+        then found by the working directory the kernel names ``<path> (deleted)``. It
+        kills until none is left, and exits ``KILL_FAILED_EXIT`` when some survive."""
         root = self._check(ref)
         workspace = shlex.quote(ref.workspace)
-        in_workspace = shlex.quote(re.sub(r"([*?\[\\])", r"\\\1", ref.workspace))
+        in_workspace = re.sub(r"([*?\[\\])", r"\\\1", ref.workspace)
+        working = (
+            f"find /proc -mindepth 2 -maxdepth 2 -name cwd "
+            f"\\( -lname {shlex.quote(in_workspace)} "
+            f"-o -lname {shlex.quote(in_workspace + ' (deleted)')} \\) 2>/dev/null"
+        )
         return (
             f"if [ -f {root}/procs ]; then for pid in $(cat {root}/procs); do "
             f'[ "$(readlink /proc/$pid/cwd)" = {workspace} ] && kill -s KILL -- -$pid; '
             f"done; fi 2>/dev/null; "
-            f"for cwd in $(find /proc -mindepth 2 -maxdepth 2 -name cwd "
-            f"-lname {in_workspace} 2>/dev/null); do pid=${{cwd#/proc/}}; "
-            f"kill -s KILL ${{pid%/cwd}} 2>/dev/null; done"
+            f"round=0; while :; do left=; for cwd in $({working}); do "
+            f"pid=${{cwd#/proc/}}; kill -s KILL ${{pid%/cwd}} 2>/dev/null && left=1; done; "
+            f'[ -z "$left" ] && break; round=$((round + 1)); '
+            f"[ $round -lt {_KILL_ROUNDS} ] || exit {KILL_FAILED_EXIT}; sleep 0.05; done"
         )

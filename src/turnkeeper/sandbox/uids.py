@@ -3,9 +3,10 @@
 A root worker never runs an agent as root, nor as one shared account: each sandbox
 gets a uid of the range (``TURNKEEPER_SANDBOX_UIDS``), so agents of different runs can
 never signal, trace or read one another, nor share a per-user limit, even if a
-namespace boundary failed. The range's first id is not a uid but the jails' group:
-every agent runs with it, and only that group (and the fleet) may reach the egress
-proxy's socket. Claims are files named by the uid, created exclusively in
+namespace boundary failed. The range's first id is no sandbox's uid but the jails'
+group: every agent runs with it, and only that group (and the fleet) may reach the
+egress proxy's socket; the proxy itself runs as that id once it listens
+(``egress.host.proxy_uid``). Claims are files named by the uid, created exclusively in
 a host-wide registry that holds the sandbox's root (so fleets with different sandbox
 roots on one host never hand out the same uid), and released when the sandbox is
 destroyed; a claim whose sandbox no longer exists is stale and the reaper frees it.
@@ -59,8 +60,12 @@ class UidPool:
             if path.read_text(encoding="utf-8") == str(owner):
                 path.unlink()
 
-    def release_stale(self) -> int:
-        """Free the claims whose sandbox directory is gone; how many were freed."""
+    def release_stale(self, root: Path) -> int:
+        """Free the claims whose sandbox directory is gone; how many of ``root``'s.
+
+        The registry is the host's: another root's stale claim is its own reaper's to
+        free, unless that whole root is gone (a removed fleet reaps nothing), in which
+        case any reaper frees it without counting it as its own."""
         freed = 0
         try:
             claims = list(self.registry.iterdir())
@@ -71,8 +76,12 @@ class UidPool:
                 owner = Path(path.read_text(encoding="utf-8"))
             except OSError:
                 continue
-            if owner.is_absolute() and not owner.exists():
-                with contextlib.suppress(OSError):
-                    path.unlink()
-                    freed += 1
+            if not owner.is_absolute() or owner.exists():
+                continue  # a claim still being written, or a live sandbox's
+            ours = owner.parent == root
+            if not ours and owner.parent.exists():
+                continue
+            with contextlib.suppress(OSError):
+                path.unlink()
+                freed += ours
         return freed

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import structlog
-
 from turnkeeper.errors import (
     ApiKeyError,
     InvalidInputError,
@@ -18,11 +16,12 @@ from turnkeeper.errors import (
     SessionBusyError,
     SessionDeletedError,
 )
+from turnkeeper.logconfig import get_logger
 from turnkeeper.store import queries as q
 from turnkeeper.store.database import StoreBase, Transaction
 from turnkeeper.store.records import Run, check_id, check_key_name, check_seconds, to_json
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # How long a client told "too many running runs" should wait: runs take minutes, and
 # a quick retry would only be refused again.
@@ -74,8 +73,13 @@ class AdmissionMixin(StoreBase):
             tx.rows(q.LOCK_SESSION, params)
             if key_name is not None:
                 _check_key_quota(tx, params)
-            deleted_session = tx.scalar(q.FIND_RECEIPT, params)
-            if deleted_session is not None:
+            receipt = tx.one(q.FIND_RECEIPT, params)
+            if receipt is not None:
+                if receipt["key_name"] != key_name:
+                    # Another tenant's deleted run: the id is taken, and that is all
+                    # this caller learns, as of a live run of another tenant.
+                    raise _run_id_taken(run_id)
+                deleted_session = receipt["session_id"]
                 raise SessionDeletedError(
                     f"run {run_id!r} belonged to session {deleted_session!r}, which was "
                     "deleted; it will not run again",
@@ -85,6 +89,11 @@ class AdmissionMixin(StoreBase):
                 )
             tenant = tx.rows(q.ENSURE_SESSION, params)[0]["key_name"]
             if tenant != key_name:
+                # A run id that exists is what is taken, even where its session (by
+                # default named after it) is another tenant's too.
+                existing = tx.one(q.EXISTING_RUN, params)
+                if existing is not None:
+                    _replayed(existing, run_id, session_id, key_name)
                 # Ids are global: all another tenant learns is that the id is taken.
                 raise RunConflictError(
                     f"session {session_id!r} is taken; choose another session id",
@@ -160,15 +169,28 @@ def _replayed(existing: Any, run_id: str, session_id: str, key_name: str | None)
     values = dict(existing)
     same_payload = values.pop("same_payload")
     if values["key_name"] != key_name:
+        raise _run_id_taken(run_id)
+    if not same_payload:
         raise RunConflictError(
-            f"run id {run_id!r} is taken; choose another run id",
+            f"run id {run_id!r} is taken by a run of another request (its agent, prompt "
+            "or options differ); choose another run id, or send that request again",
             run_id=run_id,
-            reason="run-id-taken",
+            reason="payload-differs",
         )
-    if not same_payload or values["session_id"] != session_id:
+    if values["session_id"] != session_id:
         raise RunConflictError(
-            f"run {run_id!r} already exists with a different payload or session",
+            f"run id {run_id!r} is taken by a run of another session; choose another run id",
             run_id=run_id,
-            reason="payload-differs" if not same_payload else "session-differs",
+            reason="session-differs",
         )
     return Run.from_row(values)
+
+
+def _run_id_taken(run_id: str) -> RunConflictError:
+    """Another tenant's run (live, or of a deleted session) holds ``run_id``: ids are
+    global, and the caller learns that it is taken, nothing of that run."""
+    return RunConflictError(
+        f"run id {run_id!r} is taken; choose another run id",
+        run_id=run_id,
+        reason="run-id-taken",
+    )

@@ -1,6 +1,6 @@
 """How the store talks to PostgreSQL: pooled statements, transactions, error translation.
 
-The statements themselves are SQLAlchemy ``text()`` clauses named in ``queries``;
+The statements themselves are the ``Statement`` constants named in ``queries``;
 they run on psycopg connections from psycopg_pool, in psycopg's parameter style, because
 SQLAlchemy's per-call bookkeeping was most of the store's overhead on top of the
 round trip (bench/store_cycle.py). Single statements run in autocommit (no
@@ -20,8 +20,6 @@ from functools import cache
 from typing import Any, ParamSpec, TypeVar
 
 import psycopg
-import sqlalchemy as sa
-import structlog
 from psycopg import pq
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
@@ -32,11 +30,12 @@ from turnkeeper.errors import (
     StoreError,
     StoreUnavailableError,
 )
+from turnkeeper.logconfig import get_logger
 from turnkeeper.store import queries as q
-from turnkeeper.store.queries import pyformat
+from turnkeeper.store.queries import Statement, pyformat
 from turnkeeper.store.records import Claim, Verdict
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -105,10 +104,10 @@ def _tallied(name: str) -> None:
 
 @cache
 def _statement_names() -> dict[int, str]:
-    return {id(v): k.lower() for k, v in vars(q).items() if isinstance(v, sa.TextClause)}
+    return {id(v): k.lower() for k, v in vars(q).items() if isinstance(v, Statement)}
 
 
-def _statement_name(statement: sa.TextClause) -> str:
+def _statement_name(statement: Statement) -> str:
     return _statement_names().get(id(statement), "statement")
 
 
@@ -155,24 +154,24 @@ class Transaction:
         self._cursor = cursor
         self._operation = operation
 
-    def _execute(self, statement: sa.TextClause, params: Mapping[str, Any]) -> None:
+    def _execute(self, statement: Statement, params: Mapping[str, Any]) -> None:
         _tallied(f"{self._operation}/{_statement_name(statement)}")
         self._cursor.execute(pyformat(statement), params)
 
-    def rows(self, statement: sa.TextClause, params: Mapping[str, Any]) -> list[Row]:
+    def rows(self, statement: Statement, params: Mapping[str, Any]) -> list[Row]:
         self._execute(statement, params)
         return _fetch(self._cursor)
 
-    def one(self, statement: sa.TextClause, params: Mapping[str, Any]) -> Row | None:
+    def one(self, statement: Statement, params: Mapping[str, Any]) -> Row | None:
         rows = self.rows(statement, params)
         return rows[0] if rows else None
 
-    def scalar(self, statement: sa.TextClause, params: Mapping[str, Any]) -> Any:
+    def scalar(self, statement: Statement, params: Mapping[str, Any]) -> Any:
         """The first column of the first row, None without a row."""
         row = self.one(statement, params)
         return None if row is None else next(iter(row.values()))
 
-    def rowcount(self, statement: sa.TextClause, params: Mapping[str, Any]) -> int:
+    def rowcount(self, statement: Statement, params: Mapping[str, Any]) -> int:
         self._execute(statement, params)
         return self._cursor.rowcount
 
@@ -250,7 +249,7 @@ class Database:
             pool.check()
 
     def rows(
-        self, operation: str, statement: sa.TextClause, params: Mapping[str, Any], **fields: Any
+        self, operation: str, statement: Statement, params: Mapping[str, Any], **fields: Any
     ) -> list[Row]:
         """Run one autocommit statement; its rows (none for a statement without any)."""
         _tallied(operation)
@@ -261,7 +260,7 @@ class Database:
             raise store_error(operation, exc, fields) from exc
 
     def one(
-        self, operation: str, statement: sa.TextClause, params: Mapping[str, Any], **fields: Any
+        self, operation: str, statement: Statement, params: Mapping[str, Any], **fields: Any
     ) -> Row | None:
         rows = self.rows(operation, statement, params, **fields)
         return rows[0] if rows else None
@@ -287,7 +286,7 @@ class StoreBase:
     _db: Database
 
     def _owner_write(
-        self, operation: str, statement: sa.TextClause, params: Mapping[str, Any], claim: Claim
+        self, operation: str, statement: Statement, params: Mapping[str, Any], claim: Claim
     ) -> Verdict:
         """One conditional write of ``claim``'s owner: DONE when its row came back,
         else why it was refused."""

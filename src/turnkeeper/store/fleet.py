@@ -9,7 +9,9 @@ from turnkeeper.store.database import StoreBase
 from turnkeeper.store.records import (
     FleetMinute,
     LatencyHistogram,
+    Sweep,
     WorkerSlot,
+    check_id,
     check_limit,
     check_seconds,
 )
@@ -33,12 +35,15 @@ class FleetMixin(StoreBase):
     """What the fleet page shows of the store."""
 
     def worker_slots(
-        self, dead_after: float, shown_for: float, limit: int = 1000
+        self, dead_after: float, beat_every: float, shown_for: float, limit: int = 1000
     ) -> list[WorkerSlot]:
-        """Worker processes seen within ``shown_for`` seconds (alive: within
-        ``dead_after``), by host and Celery worker, each with the running runs it owns."""
+        """Worker processes seen within ``shown_for`` seconds, by host and Celery worker,
+        each with the running runs it owns. Alive: seen within ``dead_after``, and either
+        beating (one beat every ``beat_every`` seconds) or connected to the database; a
+        process killed a moment ago is not counted as a slot that can take a run."""
         params = {
             "dead_after": check_seconds(dead_after, "dead_after"),
+            "beat_every": check_seconds(beat_every, "beat_every"),
             "shown_for": check_seconds(shown_for, "shown_for"),
             "limit": check_limit(limit),
         }
@@ -62,7 +67,8 @@ class FleetMixin(StoreBase):
         ]
 
     def takeover_latency(self, minutes: int) -> LatencyHistogram:
-        """The latencies of the takeovers adopted in the last ``minutes`` minutes."""
+        """The pauses of the takeovers adopted in the last ``minutes`` minutes, each the
+        one the run page shows (``LatencyHistogram``)."""
         params = {"minutes": check_minutes(minutes), "bounds": list(LATENCY_BOUNDS)}
         row = self._db.one("takeover_latency", q.TAKEOVER_LATENCY, params)
         assert row is not None  # noqa: S101 - a SELECT of aggregates always returns a row
@@ -75,3 +81,12 @@ class FleetMixin(StoreBase):
             p95=row["p95"],
             max=row["max"],
         )
+
+    def record_sweep(self, name: str) -> None:
+        """One of beat's periodic sweeps (``reconcile``, ``reap``, ``prune``) finished now:
+        an operator can tell when beat last swept, and see it overdue once beat stops."""
+        self._db.one("record_sweep", q.RECORD_SWEEP, {"name": check_id(name, "name")})
+
+    def sweeps(self) -> list[Sweep]:
+        """When each sweep last finished, by name; a sweep that never ran is absent."""
+        return [Sweep.from_row(r) for r in self._db.rows("sweeps", q.SWEEPS, {})]

@@ -10,20 +10,27 @@ last use is written at most once a minute per key.
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from collections.abc import Collection
 
-import structlog
-
 from turnkeeper.errors import ApiKeyError, InvalidInputError
+from turnkeeper.logconfig import get_logger
 from turnkeeper.store import queries as q
 from turnkeeper.store.database import StoreBase
 from turnkeeper.store.records import ApiKey, check_key_name
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 KEY_PREFIX = "tk_"
+KEY_FORMAT = re.compile(r"tk_[A-Za-z0-9_-]{43}")
+"""What ``create_key`` makes: the prefix and 32 random bytes in URL-safe base64."""
 _TOUCH_EVERY = 60.0
+
+
+def is_key_format(key: str) -> bool:
+    """Whether ``key`` could be a key at all: anything else is malformed, not unknown."""
+    return KEY_FORMAT.fullmatch(key) is not None
 
 
 def hash_key(key: str) -> bytes:
@@ -65,7 +72,7 @@ class KeysMixin(StoreBase):
 
     def authenticate_key(self, key: str) -> ApiKey | None:
         """The live key ``key`` is, or None (unknown or revoked)."""
-        if not key.startswith(KEY_PREFIX) or len(key) > 256:
+        if not is_key_format(key):
             return None
         params = {"key_hash": hash_key(key), "touch_every": _TOUCH_EVERY}
         row = self._db.one("authenticate_key", q.AUTHENTICATE_KEY, params)

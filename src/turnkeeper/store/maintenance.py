@@ -15,6 +15,8 @@ from turnkeeper.store.records import (
     FleetCounts,
     Run,
     RunStatus,
+    RunWindow,
+    SessionSummary,
     check_claim,
     check_id,
     check_key_name,
@@ -54,13 +56,22 @@ class MaintenanceMixin(StoreBase):
         key_name: str | None = None,
         agent: str | None = None,
         search: str | None = None,
+        window: RunWindow | None = None,
         limit: int = 100,
         offset: int = 0,
     ) -> list[Run]:
         """Runs, newest admission first, optionally of one status, session, key and/or
-        agent (its preset, or its inline command's program), and/or whose id holds
-        ``search`` (any case); ``offset`` runs skipped first."""
-        params = self._run_filter(status, session_id, key_name, agent, search)
+        agent (its preset, or its inline command's program), whose id holds ``search``
+        (any case), and/or created or finished within ``window``; ``offset`` runs
+        skipped first."""
+        params = self._run_filter(
+            status=status,
+            session_id=session_id,
+            key_name=key_name,
+            agent=agent,
+            search=search,
+            window=window,
+        )
         params["limit"] = check_limit(limit)
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise InvalidInputError(f"offset must be a non-negative integer, got {offset!r}")
@@ -75,25 +86,70 @@ class MaintenanceMixin(StoreBase):
         key_name: str | None = None,
         agent: str | None = None,
         search: str | None = None,
+        window: RunWindow | None = None,
         most: int = 10_000,
     ) -> int:
         """How many runs ``list_runs`` would list with the same filters and no limit,
         counted up to ``most``."""
-        params = self._run_filter(status, session_id, key_name, agent, search)
+        params = self._run_filter(
+            status=status,
+            session_id=session_id,
+            key_name=key_name,
+            agent=agent,
+            search=search,
+            window=window,
+        )
         params["most"] = check_limit(most)
         row = self._db.one("count_runs", q.COUNT_RUNS, params)
         assert row is not None  # noqa: S101 - a count always returns a row
         return int(row["n"])
 
+    def list_sessions(
+        self,
+        *,
+        key_name: str | None = None,
+        search: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[SessionSummary]:
+        """Sessions, the one whose latest run was admitted last first, optionally of one
+        key's tenant and/or whose id holds ``search`` (any case); ``offset`` skipped first."""
+        params = self._session_filter(key_name, search)
+        params["limit"] = check_limit(limit)
+        params["offset"] = _check_offset(offset)
+        rows = self._db.rows("list_sessions", q.LIST_SESSIONS, params)
+        return [SessionSummary.from_row(r) for r in rows]
+
+    def count_sessions(
+        self, *, key_name: str | None = None, search: str | None = None, most: int = 10_000
+    ) -> int:
+        """How many sessions ``list_sessions`` would list with the same filters and no
+        limit, counted up to ``most``."""
+        params = self._session_filter(key_name, search)
+        params["most"] = check_limit(most)
+        row = self._db.one("count_sessions", q.COUNT_SESSIONS, params)
+        assert row is not None  # noqa: S101 - a count always returns a row
+        return int(row["n"])
+
+    @staticmethod
+    def _session_filter(key_name: str | None, search: str | None) -> dict[str, Any]:
+        return {
+            "key_name": None if key_name is None else check_key_name(key_name),
+            "search": check_optional_id(search, "search"),
+        }
+
     @staticmethod
     def _run_filter(
+        *,
         status: RunStatus | str | None,
         session_id: str | None,
         key_name: str | None,
         agent: str | None,
         search: str | None,
+        window: RunWindow | None,
     ) -> dict[str, Any]:
         return {
+            **(window or RunWindow()).params(),
             "status": None if status is None else check_status(status).value,
             "session_id": check_optional_id(session_id, "session_id"),
             "key_name": None if key_name is None else check_key_name(key_name),
@@ -209,3 +265,9 @@ class MaintenanceMixin(StoreBase):
         }
         row = self._db.one("prune_settled", q.PRUNE_SETTLED, params)
         return int(row["count"]) if row is not None else 0
+
+
+def _check_offset(offset: object) -> int:
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise InvalidInputError(f"offset must be a non-negative integer, got {offset!r}")
+    return offset

@@ -17,7 +17,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 from turnkeeper.config import sqlalchemy_postgres_url
-from turnkeeper.errors import MigrationError, StoreUnavailableError
+from turnkeeper.errors import StoreUnavailableError
 
 # Serializes concurrent upgrades (two workers starting at once) on one database.
 _UPGRADE_LOCK_KEY = 0x7475726E6B6565  # "turnkee"
@@ -68,14 +68,3 @@ def current_revision(database_url: str) -> str | None:
     """The revision the database is at, or None for an empty database."""
     with _connect(database_url) as connection:
         return MigrationContext.configure(connection).get_current_revision()
-
-
-def require_head(database_url: str) -> None:
-    """Raise MigrationError unless the database is at this code's head revision."""
-    current, head = current_revision(database_url), head_revision()
-    if current != head:
-        raise MigrationError(
-            f"database is at revision {current or 'none'}, this code needs {head}; "
-            "run `turnkeeper db upgrade`",
-            reason="schema-behind" if current else "schema-missing",
-        )

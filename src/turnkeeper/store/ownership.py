@@ -13,10 +13,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
-import structlog
 
 from turnkeeper.errors import InvalidInputError, StoreError
+from turnkeeper.logconfig import get_logger
 from turnkeeper.store import queries as q
 from turnkeeper.store.database import Row, StoreBase
 from turnkeeper.store.records import (
@@ -31,10 +30,11 @@ from turnkeeper.store.records import (
     check_optional_id,
     check_seconds,
     check_status,
+    storable,
     to_json,
 )
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def _new_attempt_id() -> str:
@@ -45,7 +45,7 @@ class OwnershipMixin(StoreBase):
     """Who owns a run, and how its ownership ends."""
 
     def _claim(
-        self, name: str, sql: sa.TextClause, run_id: str, owner: str, lease_ttl: float
+        self, name: str, sql: q.Statement, run_id: str, owner: str, lease_ttl: float
     ) -> Row | None:
         """Run a claiming statement under a new attempt id: its row, or None when the
         run is not claimable (or its session already runs one: the one-running-run-per-
@@ -252,14 +252,17 @@ class OwnershipMixin(StoreBase):
         rows = self._db.rows("redispatch_takeovers", q.REDISPATCH_TAKEOVERS, params)
         return [Claim.from_row(r) for r in rows]
 
-    def expire_exhausted(self, limit: int) -> list[Run]:
+    def expire_exhausted(self, limit: int, *, run_id: str | None = None) -> list[Run]:
         """Settle expired runs that may not be taken over, runs awaiting adoption that
-        were cancelled or passed their deadline, and queued runs past deadline.
+        were cancelled or passed their deadline, and queued runs past deadline (all of
+        them, or ``run_id`` alone).
 
         Out of attempts or past the deadline: ``failed``; cancelled: ``aborted``.
         The error column says why; the caller writes the error chunk to the log.
         """
-        rows = self._db.rows("expire_exhausted", q.EXPIRE_EXHAUSTED, {"limit": check_limit(limit)})
+        params = {"limit": check_limit(limit), "run_id": check_optional_id(run_id, "run_id")}
+        query = q.EXPIRE_EXHAUSTED if run_id is None else q.EXPIRE_RUN_EXHAUSTED
+        rows = self._db.rows("expire_exhausted", query, params)
         runs = [Run.from_row(r) for r in rows]
         for run in runs:
             log.info("run.expired", run_id=run.run_id, status=run.status, error=run.error)
@@ -287,7 +290,9 @@ class OwnershipMixin(StoreBase):
             "run_id": claim.run_id,
             "attempt_id": claim.attempt_id,
             "status": terminal.value,
-            "error": None if error is None else to_json(error, "error"),
+            # What the agent wrote (its stderr, its own error message) is stored as it
+            # can be: never refused, which would fail the run for another reason.
+            "error": None if error is None else to_json(storable(error), "error"),
             "agent_session_id": check_optional_id(agent_session_id, "agent_session_id"),
         }
         if self._db.one("settle_run", q.SETTLE_RUN, params, run_id=claim.run_id) is None:

@@ -1,5 +1,12 @@
 """Every SQL statement of the store, named.
 
+A statement is a ``Statement`` of our own holding its text in SQLAlchemy's ``:name``
+parameter style, turned into psycopg's ``%(name)s`` once, on first use (``pyformat``).
+Not SQLAlchemy's ``text()``: the store runs every statement on psycopg and never had
+SQLAlchemy compile one, and importing SQLAlchemy only to hold strings cost every
+``turnkeeper status`` a script calls in a loop about 100 ms (bench/cli_start.py).
+SQLAlchemy stays for the schema and its migrations (``schema``, ``migration``).
+
 Each conditional write is one statement whose WHERE clause is the guard and
 whose RETURNING row is the verdict, so no read-then-write race exists between
 Python and the database. Times are always ``now()`` on the database clock; no
@@ -9,10 +16,21 @@ statement takes a time from the client, only durations in seconds.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import cache
 from string import Template
 
-from sqlalchemy import TextClause, text
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Statement:
+    """One SQL statement, its bound values written ``:name`` (``::`` is a cast).
+
+    Compared and hashed by identity, as each is one constant of this module: its name
+    is the constant's (``database._statement_name``) and its psycopg form is cached per
+    statement (``pyformat``)."""
+
+    text: str
+
 
 RUN_COLUMNS = (
     "run_id, seq, session_id, status, payload, attempt_id, epoch, owner, lease_expires_at, "
@@ -78,17 +96,25 @@ _HAND_OVER_CANDIDATES = """handed AS (
       AND a.ended_at IS NULL
 )"""
 
-# The session name of run r's owner without the prefix (``owner.session_name``).
-_OWNER_SESSION_KEY = """CASE WHEN split_part(r.owner, ':', 3) = '' THEN r.owner
-    ELSE split_part(r.owner, ':', 3) || ' ' || r.owner END"""
-# Run r's owner process has a session on this database besides ours.
-_OWNER_ALIVE = Template("""EXISTS (
+
+_SESSION_OF = Template("""EXISTS (
     SELECT 1 FROM pg_stat_activity a
     WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
       AND a.application_name IN (
-          left('$locks' || $key, 63), left('$store' || $key, 63)))""").substitute(
-    locks=LOCKS_SESSION_PREFIX, store=STORE_SESSION_PREFIX, key=_OWNER_SESSION_KEY
-)
+          left('$locks' || $key, 63), left('$store' || $key, 63)))""")
+
+
+def _has_session(owner: str) -> str:
+    """The process named by the owner id in column ``owner`` has a session on this
+    database besides ours. Its sessions are named (``owner.session_name``) by a prefix,
+    the owner's token, then the owner, cut to the 63 bytes the server keeps."""
+    key = Template("""CASE WHEN split_part($owner, ':', 3) = '' THEN $owner
+    ELSE split_part($owner, ':', 3) || ' ' || $owner END""").substitute(owner=owner)
+    return _SESSION_OF.substitute(locks=LOCKS_SESSION_PREFIX, store=STORE_SESSION_PREFIX, key=key)
+
+
+# Run r's owner process has a session on this database besides ours.
+_OWNER_ALIVE = _has_session("r.owner")
 
 # Fixed fragments shared by several statements. They are constants of this module,
 # never input: every value reaches the database as a bound parameter.
@@ -105,7 +131,11 @@ RUNS_MATCHING = f"""WHERE (CAST(:status AS text) IS NULL OR status = :status)
   AND (CAST(:session_id AS text) IS NULL OR session_id = :session_id)
   AND (CAST(:key_name AS text) IS NULL OR key_name = :key_name)
   AND (CAST(:agent AS text) IS NULL OR {RUN_AGENT} = :agent)
-  AND (CAST(:search AS text) IS NULL OR strpos(lower(run_id), lower(:search)) > 0)"""
+  AND (CAST(:search AS text) IS NULL OR strpos(lower(run_id), lower(:search)) > 0)
+  AND (CAST(:created_since AS timestamptz) IS NULL OR created_at >= :created_since)
+  AND (CAST(:created_until AS timestamptz) IS NULL OR created_at < :created_until)
+  AND (CAST(:finished_since AS timestamptz) IS NULL OR finished_at >= :finished_since)
+  AND (CAST(:finished_until AS timestamptz) IS NULL OR finished_at < :finished_until)"""
 
 _FRAGMENTS = {
     "runs_matching": RUNS_MATCHING,
@@ -126,26 +156,27 @@ _FRAGMENTS = {
     "key_columns": KEY_COLUMNS,
     "lock_space": str(OWNER_LOCK_SPACE),
     "owner_alive": _OWNER_ALIVE,
+    "worker_connected": _has_session("w.worker_id"),
     # A run's payload without its sealed env: what idempotency compares, and what a
     # settled run keeps (turnkeeper.envelope).
     "unsealed": "#- '{env,sealed}'",
 }
 
 
-def _sql(template: str) -> TextClause:
-    return text(Template(template).substitute(_FRAGMENTS))
+def _sql(template: str) -> Statement:
+    return Statement(Template(template).substitute(_FRAGMENTS))
 
 
 # --- admission -------------------------------------------------------------------------
 
 # Serializes admission and deletion within one session, so that within a session
 # the admission sequence equals commit order (a zero-row FOR UPDATE locks nothing).
-LOCK_SESSION = text("SELECT pg_advisory_xact_lock(hashtextextended(:lock_key, 0))")
+LOCK_SESSION = Statement("SELECT pg_advisory_xact_lock(hashtextextended(:lock_key, 0))")
 
-FIND_RECEIPT = text("SELECT session_id FROM run_receipts WHERE run_id = :run_id")
+FIND_RECEIPT = Statement("SELECT session_id, key_name FROM run_receipts WHERE run_id = :run_id")
 
 # The session's tenant: the one just inserted, or the one it already had.
-ENSURE_SESSION = text("""
+ENSURE_SESSION = Statement("""
 WITH inserted AS (
     INSERT INTO sessions (session_id, key_name) VALUES (:session_id, :key_name)
     ON CONFLICT (session_id) DO NOTHING
@@ -158,13 +189,15 @@ SELECT key_name FROM sessions WHERE session_id = :session_id
 
 # The key a run is admitted under, locked: admissions of one key are serialized, so
 # counting its unsettled runs and inserting one cannot race, and a revoke waits.
-LOCK_KEY = text("SELECT max_running, revoked_at FROM api_keys WHERE name = :key_name FOR UPDATE")
+LOCK_KEY = Statement(
+    "SELECT max_running, revoked_at FROM api_keys WHERE name = :key_name FOR UPDATE"
+)
 
-UNSETTLED_RUNS_OF_KEY = text("""
+UNSETTLED_RUNS_OF_KEY = Statement("""
 SELECT count(*) FROM runs WHERE key_name = :key_name AND status IN ('queued', 'running')
 """)
 
-RUN_EXISTS = text("SELECT EXISTS (SELECT 1 FROM runs WHERE run_id = :run_id)")
+RUN_EXISTS = Statement("SELECT EXISTS (SELECT 1 FROM runs WHERE run_id = :run_id)")
 
 INSERT_RUN = _sql("""
 INSERT INTO runs (run_id, session_id, status, payload, max_attempts, deadline, key_name)
@@ -267,7 +300,7 @@ SELECT c.*, (SELECT parent_id FROM entry) AS input_parent, slot.*
 FROM claimed c LEFT JOIN slot ON true
 """)
 
-OWNS_RUN = text("""
+OWNS_RUN = Statement("""
 SELECT 1 FROM runs WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
 """)
 
@@ -282,7 +315,7 @@ RETURNING lease_expires_at
 # later. A drain is the operator's choice, not the run's failure, so it gives the attempt
 # back (:give_back): the adoption counts it again, and a run on its last attempt is
 # handed over (HAND_OVER_EXPIRED) rather than failed attempts-exhausted (EXPIRE_EXHAUSTED).
-RELEASE_LEASE = text("""
+RELEASE_LEASE = Statement("""
 UPDATE runs SET lease_expires_at = now() - interval '1 millisecond',
     attempt_count = greatest(attempt_count - CAST(:give_back AS integer), 0),
     updated_at = now()
@@ -353,7 +386,7 @@ RELEASE_OWNER_LOCK = _sql("SELECT pg_advisory_unlock($lock_space, hashtext(:run_
 
 # This attempt's owner holds the run's owner lock: from now on, the lock coming free
 # means the owner is gone.
-MARK_OWNER_LOCKED = text("""
+MARK_OWNER_LOCKED = Statement("""
 UPDATE runs SET lock_attempt_id = :attempt_id
 WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
 RETURNING run_id
@@ -361,7 +394,7 @@ RETURNING run_id
 
 # The watcher's leader lock, held by its session for as long as it lives: the one
 # watcher that sweeps. A second beat's watcher stands by until that session ends.
-LEAD_WATCHERS = text(f"SELECT pg_try_advisory_lock({WATCHER_LOCK_SPACE}, 0) AS leading")
+LEAD_WATCHERS = Statement(f"SELECT pg_try_advisory_lock({WATCHER_LOCK_SPACE}, 0) AS leading")
 
 # One page of the watched runs (running, their attempt's owner took the lock), each with
 # whether its owner lock is held now. The watcher's session takes a free lock and gives
@@ -420,7 +453,7 @@ SELECT run_id, attempt_id, epoch FROM handed ORDER BY run_id
 """)
 
 # How often a run was handed over, by cause.
-TAKEOVERS_OF_RUN = text("""
+TAKEOVERS_OF_RUN = Statement("""
 SELECT handover_cause AS cause, count(*) AS takeovers FROM attempts
 WHERE run_id = :run_id AND outcome = 'superseded'
 GROUP BY handover_cause
@@ -471,22 +504,23 @@ FROM stale s WHERE r.run_id = s.run_id
 RETURNING r.run_id, r.attempt_id, r.epoch
 """)
 
-EXPIRE_EXHAUSTED = _sql("""
+_EXPIRE_EXHAUSTED = """
 WITH doomed AS (
     SELECT run_id, attempt_id,
         CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
              WHEN deadline IS NOT NULL AND deadline <= now() THEN 'deadline-exceeded'
              ELSE 'attempts-exhausted' END AS reason
     FROM runs
-    WHERE (status = 'running' AND lease_expires_at < now()
-           AND (attempt_count >= max_attempts OR deadline <= now()
-                OR cancel_requested_at IS NOT NULL))
-       OR (status = 'running' AND handed_over_at IS NOT NULL
-           AND (deadline <= now() OR cancel_requested_at IS NOT NULL))
-       OR (status = 'queued' AND deadline <= now())
+    WHERE ((status = 'running' AND lease_expires_at < now()
+            AND (attempt_count >= max_attempts OR deadline <= now()
+                 OR cancel_requested_at IS NOT NULL))
+        OR (status = 'running' AND handed_over_at IS NOT NULL
+            AND (deadline <= now() OR cancel_requested_at IS NOT NULL))
+        OR (status = 'queued' AND deadline <= now()))
+      AND (CAST(:run_id AS text) IS NULL OR run_id = :run_id)
     ORDER BY seq
     LIMIT :limit
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE $skip_locked
 ), settled AS (
     UPDATE runs r
     SET status = CASE WHEN d.reason = 'cancelled' THEN 'aborted' ELSE 'failed' END,
@@ -505,7 +539,12 @@ WITH doomed AS (
     WHERE a.run_id = d.run_id AND a.attempt_id = d.attempt_id AND a.ended_at IS NULL
 )
 SELECT $run_columns FROM settled ORDER BY seq
-""")
+"""
+EXPIRE_EXHAUSTED = _sql(_EXPIRE_EXHAUSTED.replace("$skip_locked", "SKIP LOCKED"))
+# One run's (a cancel's): its row lock is waited for, not skipped. The lock may be an
+# adoption's that the cancel just refused: skipped, the run would await adoption,
+# cancelled, until the next reconcile.
+EXPIRE_RUN_EXHAUSTED = _sql(_EXPIRE_EXHAUSTED.replace("$skip_locked", ""))
 
 SETTLE_RUN = _sql("""
 WITH settled AS (
@@ -522,7 +561,7 @@ WITH settled AS (
 SELECT run_id FROM settled
 """)
 
-SETTLED_BY = text("""
+SETTLED_BY = Statement("""
 SELECT 1 FROM runs r JOIN attempts a ON a.run_id = r.run_id AND a.attempt_id = r.attempt_id
 WHERE r.run_id = :run_id AND r.attempt_id = :attempt_id AND r.status = :status
   AND a.outcome = :status
@@ -532,7 +571,7 @@ WHERE r.run_id = :run_id AND r.attempt_id = :attempt_id AND r.status = :status
 # With ``:keeps_workspace`` the run's sandbox is its session's workspace too, in the same
 # write: the session names the sandbox its latest run's placement names, so a successor
 # finds the placement and the workspace decided together, or neither.
-RECORD_SANDBOX = text("""
+RECORD_SANDBOX = Statement("""
 WITH recorded AS (
     UPDATE runs SET sandbox_ref = CAST(:sandbox_ref AS jsonb),
         sandbox_host = CAST(:sandbox_ref AS jsonb) ->> 'host', updated_at = now()
@@ -551,25 +590,35 @@ WITH recorded AS (
 SELECT run_id FROM recorded
 """)
 
+CANCEL_CHANNEL = "turnkeeper_cancel"
+"""Where a cancel of a running run is announced, its run id the payload, on commit: the
+owner's worker process listens (``workers/cancel_listener.py``) and hears it at once."""
+
 REQUEST_CANCEL = _sql("""
-UPDATE runs SET
-    cancel_requested_at = COALESCE(cancel_requested_at, now()),
-    status = CASE WHEN status = 'queued' THEN 'aborted' ELSE status END,
-    finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END,
-    error = CASE WHEN status = 'queued'
-        THEN jsonb_build_object('reason', 'cancelled', 'message', 'cancelled before it started')
-        ELSE error END,
-    payload = CASE WHEN status = 'queued' THEN payload $unsealed ELSE payload END,
-    updated_at = now()
-WHERE run_id = :run_id AND status IN ('queued', 'running')
-RETURNING $run_columns
+WITH cancelled AS (
+    UPDATE runs SET
+        cancel_requested_at = COALESCE(cancel_requested_at, now()),
+        status = CASE WHEN status = 'queued' THEN 'aborted' ELSE status END,
+        finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END,
+        error = CASE WHEN status = 'queued'
+            THEN jsonb_build_object('reason', 'cancelled', 'message', 'cancelled before it started')
+            ELSE error END,
+        payload = CASE WHEN status = 'queued' THEN payload $unsealed ELSE payload END,
+        updated_at = now()
+    WHERE run_id = :run_id AND status IN ('queued', 'running')
+    RETURNING $run_columns
+)
+SELECT cancelled.* FROM cancelled
+LEFT JOIN LATERAL (
+    SELECT pg_notify('turnkeeper_cancel', cancelled.run_id) WHERE cancelled.status = 'running'
+) announced ON true
 """)
 
 # --- turn slot --------------------------------------------------------------------------
 
 # Guarded by the attempt (the run row is share-locked, so a concurrent handoff
 # serializes with it) and by turns only moving forward.
-BEGIN_TURN_SLOT = text("""
+BEGIN_TURN_SLOT = Statement("""
 INSERT INTO turn_slots AS j
     (run_id, attempt_id, turn_index, turn_id, phase, revision, checkpoint_leaf_id)
 SELECT r.run_id, r.attempt_id, :turn_index, :turn_id, 'before_provider', 1, :checkpoint_leaf_id
@@ -622,7 +671,7 @@ RETURNING j.revision
 # :tool_checkpoint. All of it or nothing: a replayed
 # append, a moved leaf or a slot not where the writer left it change nothing here, and
 # the caller makes the writes one by one, which tell why.
-COMMIT_TURN = text("""
+COMMIT_TURN = Statement("""
 WITH writer AS (
     SELECT 1 FROM runs
     WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
@@ -697,7 +746,7 @@ GET_TURN_SLOT = _sql("SELECT $slot_columns FROM turn_slots WHERE run_id = :run_i
 # ends the journal, its sentinel) the slot's journal is marked consumed (as
 # MARK_JOURNAL_CONSUMED); with :tool_request, the tool request its turn recorded in
 # the bytes before is (as UPDATE_PHASE to tool_request_recorded).
-APPEND_SEGMENT = text("""
+APPEND_SEGMENT = Statement("""
 WITH owner AS (
     SELECT run_id FROM runs
     WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
@@ -736,11 +785,11 @@ SELECT (SELECT count(*) FROM inserted) AS inserted,
        (SELECT byte_end FROM tip) AS tip
 """)
 
-STORED_SEGMENT = text(
+STORED_SEGMENT = Statement(
     "SELECT body FROM segments WHERE journal_key = :journal_key AND byte_start = :byte_start"
 )
 
-SEGMENTS = text("""
+SEGMENTS = Statement("""
 SELECT journal_key, byte_start, byte_end, body FROM segments
 WHERE journal_key = :journal_key AND byte_end > :from_byte
 ORDER BY byte_start
@@ -749,7 +798,7 @@ LIMIT :limit
 
 # A page of at most :max_bytes of bodies (and always its first segment), so a replay
 # never holds more than about that much of a journal at once.
-SEGMENTS_BOUNDED = text("""
+SEGMENTS_BOUNDED = Statement("""
 SELECT journal_key, byte_start, byte_end, body FROM (
     SELECT journal_key, byte_start, byte_end,
            sum(byte_end - byte_start) OVER (ORDER BY byte_start)
@@ -764,7 +813,7 @@ WHERE page.bytes_before < :max_bytes
 ORDER BY byte_start
 """)
 
-LAST_SEGMENT = text("""
+LAST_SEGMENT = Statement("""
 SELECT journal_key, byte_start, byte_end, body FROM segments
 WHERE journal_key = :journal_key
 ORDER BY byte_start DESC
@@ -773,21 +822,21 @@ LIMIT 1
 
 # --- transcript ------------------------------------------------------------------------
 
-STORED_ENTRIES = text("""
+STORED_ENTRIES = Statement("""
 SELECT e.entry_id, e.parent_id, e.kind, e.body
 FROM transcript_entries e
 WHERE e.session_id = :session_id AND e.entry_id IN (
     SELECT value FROM jsonb_array_elements_text(CAST(:entry_ids AS jsonb)))
 """)
 
-CURRENT_LEAF = text("SELECT leaf_id FROM sessions WHERE session_id = :session_id")
+CURRENT_LEAF = Statement("SELECT leaf_id FROM sessions WHERE session_id = :session_id")
 
 # An append in one statement: fenced by the attempt (the run row share-locked, so a
 # handover waits for it), the leaf moved by compare-and-set, and the chain inserted only
 # once the leaf moved and none of its entry ids was stored: all of it or nothing. Only
 # the run's owner writes its entries (one run of a session runs at a time), so no entry
 # id is taken between the check and the insert. Nothing written: the caller reads why.
-APPEND_TRANSCRIPT = text("""
+APPEND_TRANSCRIPT = Statement("""
 WITH writer AS (
     SELECT 1 FROM runs
     WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
@@ -819,7 +868,7 @@ SELECT EXISTS (SELECT 1 FROM writer) AS owned,
        (SELECT count(*) FROM inserted) AS inserted
 """)
 
-SET_LEAF = text("""
+SET_LEAF = Statement("""
 WITH writer AS (
     SELECT 1 FROM runs
     WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
@@ -867,38 +916,38 @@ SELECT $entry_columns FROM path ORDER BY depth DESC
 
 # --- sessions --------------------------------------------------------------------------
 
-BUSY_RUNS = text("""
+BUSY_RUNS = Statement("""
 SELECT count(*) FROM runs WHERE session_id = :session_id AND status IN ('queued', 'running')
 """)
 
-SESSION_EXISTS = text("""
+SESSION_EXISTS = Statement("""
 SELECT EXISTS (SELECT 1 FROM sessions WHERE session_id = :session_id)
     OR EXISTS (SELECT 1 FROM runs WHERE session_id = :session_id)
 """)
 
-WRITE_RECEIPTS = text("""
-INSERT INTO run_receipts (run_id, session_id, status)
-SELECT run_id, session_id, status FROM runs
+WRITE_RECEIPTS = Statement("""
+INSERT INTO run_receipts (run_id, session_id, status, key_name)
+SELECT run_id, session_id, status, key_name FROM runs
 WHERE session_id = :session_id AND status NOT IN ('queued', 'running')
 ON CONFLICT (run_id) DO NOTHING
 """)
 
-DELETE_SESSION_RUNS = text("""
+DELETE_SESSION_RUNS = Statement("""
 DELETE FROM runs WHERE session_id = :session_id AND status NOT IN ('queued', 'running')
 """)
 
-DELETE_SESSION_ROW = text("DELETE FROM sessions WHERE session_id = :session_id")
+DELETE_SESSION_ROW = Statement("DELETE FROM sessions WHERE session_id = :session_id")
 
-MARK_SESSION_DELETED = text("""
+MARK_SESSION_DELETED = Statement("""
 INSERT INTO session_deletions (session_id) VALUES (:session_id)
 ON CONFLICT (session_id) DO UPDATE SET deleted_at = now()
 """)
 
-SESSION_TENANT = text("SELECT key_name FROM sessions WHERE session_id = :session_id")
+SESSION_TENANT = Statement("SELECT key_name FROM sessions WHERE session_id = :session_id")
 
 # --- session workspaces (docs/architecture.md, "Session workspaces") -------------------
 
-SESSION_WORKSPACE = text("""
+SESSION_WORKSPACE = Statement("""
 SELECT workspace, workspace_host FROM sessions WHERE session_id = :session_id
 """)
 
@@ -928,14 +977,14 @@ WHERE s.session_id = :session_id AND s.workspace -> 'sandbox' ->> 'id' = :sandbo
 RETURNING s.session_id
 """)
 
-KEPT_WORKSPACES = text("""
+KEPT_WORKSPACES = Statement("""
 SELECT workspace -> 'sandbox' ->> 'id' AS sandbox_id FROM sessions
 WHERE jsonb_typeof(workspace -> 'sandbox') = 'object'
 """)
 
 # --- API keys --------------------------------------------------------------------------
 
-INSERT_KEY = text("""
+INSERT_KEY = Statement("""
 INSERT INTO api_keys (name, key_hash, admin, allow_commands, max_running)
 VALUES (:name, :key_hash, :admin, :allow_commands, :max_running)
 ON CONFLICT (name) DO NOTHING
@@ -961,13 +1010,13 @@ UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now()) WHERE name = :name
 RETURNING $key_columns
 """)
 
-ACTIVE_KEYS = text("SELECT count(*) FROM api_keys WHERE revoked_at IS NULL")
+ACTIVE_KEYS = Statement("SELECT count(*) FROM api_keys WHERE revoked_at IS NULL")
 
-KEY_IS_LIVE = text(
+KEY_IS_LIVE = Statement(
     "SELECT EXISTS (SELECT 1 FROM api_keys WHERE name = :name AND revoked_at IS NULL)"
 )
 
-REVOKED_AMONG = text(
+REVOKED_AMONG = Statement(
     "SELECT name FROM api_keys WHERE name = ANY(:names) AND revoked_at IS NOT NULL"
 )
 
@@ -987,9 +1036,44 @@ COUNT_RUNS = _sql(
     "SELECT count(*) AS n FROM (SELECT 1 FROM runs $runs_matching LIMIT :most) AS counted"
 )
 
+# The sessions a list shows, by its optional filters: a key's tenant, an id holding
+# :search (any case).
+SESSIONS_MATCHING = """WHERE (CAST(:key_name AS text) IS NULL OR s.key_name = :key_name)
+  AND (CAST(:search AS text) IS NULL OR strpos(lower(s.session_id), lower(:search)) > 0)"""
+
+# Sessions, the one whose latest run was admitted last first, each with that run and
+# how many runs it has (counted for the page only).
+LIST_SESSIONS = Statement(
+    Template("""
+SELECT page.session_id, page.key_name, page.leaf_id, page.created_at, page.updated_at,
+       page.last_run_id, page.last_status, page.last_run_at,
+       (SELECT count(*) FROM runs r WHERE r.session_id = page.session_id) AS run_count
+FROM (
+    SELECT s.session_id, s.key_name, s.leaf_id, s.created_at, s.updated_at,
+           latest.run_id AS last_run_id, latest.status AS last_status,
+           latest.created_at AS last_run_at, latest.seq AS last_seq
+    FROM sessions s
+    LEFT JOIN LATERAL (
+        SELECT r.run_id, r.status, r.created_at, r.seq FROM runs r
+        WHERE r.session_id = s.session_id ORDER BY r.seq DESC LIMIT 1
+    ) latest ON true
+    $matching
+    ORDER BY latest.seq DESC NULLS LAST, s.session_id
+    LIMIT :limit OFFSET :offset
+) page
+ORDER BY page.last_seq DESC NULLS LAST, page.session_id
+""").substitute(matching=SESSIONS_MATCHING)
+)
+
+COUNT_SESSIONS = Statement(
+    Template(
+        "SELECT count(*) AS n FROM (SELECT 1 FROM sessions s $matching LIMIT :most) AS counted"
+    ).substitute(matching=SESSIONS_MATCHING)
+)
+
 # A run's attempts, oldest first, each with when it first and last stored journal
 # bytes (segments are fenced by the attempt, so those within its time are its own).
-RUN_ATTEMPTS = text("""
+RUN_ATTEMPTS = Statement("""
 SELECT a.attempt_id, a.epoch, a.owner, a.started_at, a.ended_at, a.outcome,
        a.handover_cause, a.log_seq, stored.first_stored_at, stored.last_stored_at
 FROM attempts a
@@ -1006,7 +1090,7 @@ ORDER BY a.epoch, a.started_at
 # Where a takeover's attempt began in the run log, recorded once, by the attempt.
 # Fenced like every owner write: a superseded attempt (a zombie stopped between its log
 # fence and this write) would mark a position its successor's chunks already passed.
-RECORD_ATTEMPT_LOG_SEQ = text("""
+RECORD_ATTEMPT_LOG_SEQ = Statement("""
 UPDATE attempts SET log_seq = :log_seq
 WHERE run_id = :run_id AND attempt_id = :attempt_id AND log_seq IS NULL
   AND EXISTS (SELECT 1 FROM runs
@@ -1037,7 +1121,7 @@ LIMIT :limit
 """)
 
 # How many unsettled runs of its session a queued run waits behind (0: it leads).
-WAITING_BEHIND = text("""
+WAITING_BEHIND = Statement("""
 SELECT (SELECT count(*) FROM runs e
         WHERE e.session_id = r.session_id AND e.seq < r.seq
           AND e.status IN ('queued', 'running')) AS waiting_behind
@@ -1045,7 +1129,7 @@ FROM runs r WHERE r.run_id = :run_id AND r.status = 'queued'
 """)
 
 # The queued run of a settled run's session that leads now: the one to start.
-NEXT_IN_SESSION = text("""
+NEXT_IN_SESSION = Statement("""
 SELECT n.run_id FROM runs r JOIN runs n ON n.session_id = r.session_id
 WHERE r.run_id = :run_id AND r.status IN ('completed', 'failed', 'aborted')
   AND n.status = 'queued'
@@ -1057,7 +1141,7 @@ ORDER BY n.seq
 LIMIT 1
 """)
 
-MARK_DISPATCHED = text("""
+MARK_DISPATCHED = Statement("""
 UPDATE runs SET dispatched_at = now(), updated_at = now()
 WHERE run_id = :run_id AND status = 'queued'
 RETURNING run_id
@@ -1091,13 +1175,13 @@ ORDER BY finished_at
 LIMIT :limit
 """)
 
-FORGET_SANDBOX = text("""
+FORGET_SANDBOX = Statement("""
 UPDATE runs SET sandbox_ref = sandbox_ref - 'sandbox', updated_at = now()
 WHERE run_id = :run_id AND status IN ('completed', 'failed', 'aborted')
 RETURNING run_id
 """)
 
-UNSETTLED_SANDBOX_REFS = text("""
+UNSETTLED_SANDBOX_REFS = Statement("""
 SELECT sandbox_ref FROM runs
 WHERE status IN ('queued', 'running') AND sandbox_ref IS NOT NULL
 """)
@@ -1107,7 +1191,7 @@ WHERE status IN ('queued', 'running') AND sandbox_ref IS NOT NULL
 # behind (a takeover on another host found it lost and continued in a sandbox of its
 # own). Not the last journal's either: the run's own, still named once a reap forgot
 # its sandbox. Unsettled runs, and those settled within ``:within`` (an orphan's TTL).
-SUPERSEDED_SANDBOXES = text("""
+SUPERSEDED_SANDBOXES = Statement("""
 SELECT DISTINCT j -> 'ref' ->> 'id' AS sandbox_id
 FROM runs r, jsonb_array_elements(r.sandbox_ref -> 'journals') AS j
 WHERE jsonb_typeof(r.sandbox_ref -> 'journals') = 'array'
@@ -1142,7 +1226,7 @@ SELECT count(*) FROM marked
 
 # A worker process starting: a fresh row (a pid reused by a new process starts anew,
 # without an earlier process's drain).
-START_WORKER = text("""
+START_WORKER = Statement("""
 INSERT INTO workers (worker_id, host_id, pid, main_pid)
 VALUES (:worker_id, :host_id, :pid, :main_pid)
 ON CONFLICT (worker_id) DO UPDATE SET host_id = EXCLUDED.host_id, pid = EXCLUDED.pid,
@@ -1152,7 +1236,7 @@ RETURNING worker_id
 """)
 
 # A worker's heartbeat, answering its drain orders (a pruned row comes back).
-BEAT_WORKER = text("""
+BEAT_WORKER = Statement("""
 INSERT INTO workers (worker_id, host_id, pid, main_pid)
 VALUES (:worker_id, :host_id, :pid, :main_pid)
 ON CONFLICT (worker_id) DO UPDATE SET last_seen = now()
@@ -1191,7 +1275,7 @@ FROM workers ORDER BY host_id, started_at, worker_id
 """)
 
 # The sandboxes the fleet holds: every run whose placement still names one.
-PLACED_SANDBOXES = text("""
+PLACED_SANDBOXES = Statement("""
 SELECT run_id, status, owner, sandbox_host, handed_over_at IS NOT NULL AS awaiting_adoption,
     sandbox_ref -> 'sandbox' ->> 'provider' AS provider,
     sandbox_ref -> 'sandbox' ->> 'id' AS sandbox_id
@@ -1201,7 +1285,7 @@ ORDER BY sandbox_host, seq
 LIMIT :limit
 """)
 
-PRUNE_WORKERS = text("""
+PRUNE_WORKERS = Statement("""
 WITH pruned AS (
     DELETE FROM workers
     WHERE last_seen < now() - make_interval(secs => CAST(:older_than AS double precision))
@@ -1233,12 +1317,12 @@ FROM stale s WHERE r.run_id = s.run_id
 RETURNING r.run_id, r.attempt_id, r.epoch
 """)
 
-NOW = text("SELECT now()")
+NOW = Statement("SELECT now()")
 
 # What /metrics reads of the store on each scrape: a few indexed aggregates, as JSON
 # objects keyed by status, outcome (``running`` for open attempts) and handover cause
 # (``lease`` for a superseded attempt that predates causes).
-FLEET_COUNTS = text("""
+FLEET_COUNTS = Statement("""
 SELECT
     (SELECT COALESCE(jsonb_object_agg(status, n), '{}') FROM
         (SELECT status, count(*) AS n FROM runs GROUP BY status) s) AS runs_by_status,
@@ -1259,10 +1343,16 @@ SELECT
 
 # Worker processes seen within :shown_for seconds (the live ones and those that stopped
 # lately), each with the running runs it owns: the current attempt's age (how long it
-# has held the run) and what is left of its lease, on the database clock.
+# has held the run) and what is left of its lease, on the database clock. A process is
+# alive while it beat within :dead_after and either missed no beat (one every
+# :beat_every seconds) or still has a session on the database: a killed process's
+# sessions end with it, so it stops counting a beat and a half after its last one.
 FLEET_WORKERS = _sql("""
 SELECT w.worker_id, w.host_id, w.pid, w.main_pid, w.started_at, w.last_seen,
-    w.draining_at IS NOT NULL AS draining, w.last_seen > $seen_since AS alive,
+    w.draining_at IS NOT NULL AS draining,
+    w.last_seen > $seen_since AND (
+        w.last_seen > now() - make_interval(secs => 1.5 * CAST(:beat_every AS double precision))
+        OR $worker_connected) AS alive,
     CAST(EXTRACT(EPOCH FROM now() - w.last_seen) AS double precision) AS silent_seconds,
     COALESCE(jsonb_agg(jsonb_build_object(
         'run_id', r.run_id, 'epoch', r.epoch,
@@ -1280,7 +1370,7 @@ LIMIT :limit
 """)
 
 # Running runs no worker owns: handed over, waiting for a worker to adopt them.
-AWAITING_ADOPTION = text("""
+AWAITING_ADOPTION = Statement("""
 SELECT run_id, epoch,
     CAST(EXTRACT(EPOCH FROM now() - handed_over_at) AS double precision) AS waiting_seconds
 FROM runs WHERE handed_over_at IS NOT NULL
@@ -1291,7 +1381,7 @@ LIMIT :limit
 # The last :minutes minutes, one row per minute, oldest first: runs started (claimed
 # from the queue), runs settled by status, and takeovers (attempts superseded) by cause
 # (``lease`` for one that predates causes).
-FLEET_ACTIVITY = text("""
+FLEET_ACTIVITY = Statement("""
 WITH bounds AS (
     SELECT date_trunc('minute', now()) AS last,
         date_trunc('minute', now()) - make_interval(mins => CAST(:minutes AS integer) - 1)
@@ -1324,18 +1414,38 @@ LEFT JOIN takeovers t ON t.minute = m.minute
 ORDER BY m.minute
 """)
 
-# Takeovers whose new attempt started in the last :minutes minutes: the seconds from
-# the hand-over (the old attempt superseded) to the adoption (the new one started),
-# counted per bucket of :bounds (``width_bucket``: 0 below the first bound, i for
-# bounds[i] <= seconds < bounds[i + 1], len(bounds) at or past the last one).
-TAKEOVER_LATENCY = text("""
-WITH latencies AS (
-    SELECT CAST(EXTRACT(EPOCH FROM n.started_at - o.ended_at) AS double precision) AS seconds
+# Takeovers whose new attempt started in the last :minutes minutes, each with its pause
+# as the run page says it (``web.views.attempt_views``): the gap in the run's stored
+# output, from the last journal bytes the predecessor stored to the first its successor
+# stored (segments are fenced by the attempt, so those within an attempt's time are its
+# own); when either stored none, the wait from the hand-over (the old attempt
+# superseded) to the adoption (the new one started). Counted per bucket of :bounds
+# (``width_bucket``: 0 below the first bound, i for bounds[i - 1] <= seconds < bounds[i],
+# len(bounds) at or past the last one).
+TAKEOVER_LATENCY = Statement("""
+WITH takeovers AS (
+    SELECT n.run_id, o.started_at AS old_started, o.ended_at AS handed_over,
+        n.started_at AS adopted, n.ended_at AS new_ended
     FROM attempts n
     JOIN attempts o ON o.run_id = n.run_id AND o.epoch = n.epoch - 1
         AND o.outcome = 'superseded'
     WHERE n.started_at >= date_trunc('minute', now())
         - make_interval(mins => CAST(:minutes AS integer) - 1)
+), latencies AS (
+    SELECT CAST(EXTRACT(EPOCH FROM COALESCE(
+        resumed.first_stored_at - stopped.last_stored_at, t.adopted - t.handed_over))
+        AS double precision) AS seconds
+    FROM takeovers t
+    CROSS JOIN LATERAL (
+        SELECT max(s.created_at) AS last_stored_at FROM segments s
+        WHERE s.run_id = t.run_id AND s.created_at >= t.old_started
+          AND s.created_at <= t.handed_over
+    ) stopped
+    CROSS JOIN LATERAL (
+        SELECT min(s.created_at) AS first_stored_at FROM segments s
+        WHERE s.run_id = t.run_id AND s.created_at >= t.adopted
+          AND (t.new_ended IS NULL OR s.created_at <= t.new_ended)
+    ) resumed
 )
 SELECT
     COALESCE((SELECT jsonb_object_agg(bucket, n) FROM (
@@ -1348,11 +1458,27 @@ SELECT
     (SELECT max(seconds) FROM latencies) AS max
 """)
 
+# --- beat's sweeps ---------------------------------------------------------------------
+
+# A periodic sweep (reconcile, reap, prune) finished now: the fleet page tells an
+# operator when beat last swept, and warns once that is overdue.
+RECORD_SWEEP = Statement("""
+INSERT INTO sweeps (name, finished_at) VALUES (:name, now())
+ON CONFLICT (name) DO UPDATE SET finished_at = now()
+""")
+
+# When each sweep last finished, and how long ago on the database clock.
+SWEEPS = Statement("""
+SELECT name, finished_at,
+    CAST(EXTRACT(EPOCH FROM now() - finished_at) AS double precision) AS seconds_ago
+FROM sweeps ORDER BY name
+""")
+
 
 _BIND = re.compile(r"(?<![:\w]):(\w+)")
 
 
 @cache
-def pyformat(statement: TextClause) -> str:
+def pyformat(statement: Statement) -> str:
     """The statement in psycopg's ``%(name)s`` style, for the pooled driver connection."""
     return _BIND.sub(r"%(\1)s", statement.text.replace("%", "%%"))

@@ -21,6 +21,12 @@ MAX_ID_LENGTH = 255
 # C0 and C1 controls, the line and paragraph separators, and the bidi embeddings,
 # overrides and isolates: ids are printed in logs, terminals and the dashboard, where
 # these break a line or reorder the text around them.
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+"""A NUL's escape in JSON text: a backslash that no other escapes, then ``u0000`` (the
+six characters ``\\u0000`` of a string's text are an escaped backslash, no NUL)."""
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+NUL_SHOWN = "\u2400"
+"""What a NUL becomes where it must be stored: ␀, the symbol for null."""
 _CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
@@ -293,6 +299,30 @@ class TranscriptEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionSummary:
+    """A session as a list shows it: its tenant, its leaf, its runs and the latest one."""
+
+    session_id: str
+    key_name: str | None
+    leaf_id: str | None
+    """The entry the session's next message follows (None: nothing committed yet)."""
+    created_at: datetime
+    updated_at: datetime
+    run_count: int
+    last_run_id: str | None
+    last_status: RunStatus | None
+    last_run_at: datetime | None
+    """When the latest run was admitted."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> SessionSummary:
+        values = dict(row)
+        status = values["last_status"]
+        values["last_status"] = None if status is None else RunStatus(status)
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
 class FleetCounts:
     """The store's side of the fleet's metrics, read in one statement."""
 
@@ -308,6 +338,29 @@ class FleetCounts:
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> FleetCounts:
         return cls(**dict(row))
+
+
+@dataclass(frozen=True, slots=True)
+class RunWindow:
+    """When the runs a list shows were created or finished: each bound optional,
+    ``since`` included, ``until`` not (a chart's minute links to exactly its runs)."""
+
+    created_since: datetime | None = None
+    created_until: datetime | None = None
+    finished_since: datetime | None = None
+    finished_until: datetime | None = None
+
+    def params(self) -> dict[str, datetime | None]:
+        """The bounds as the statements' parameters, each checked to carry its zone (a
+        naive time would be read in the database session's zone)."""
+        bounds = {field.name: getattr(self, field.name) for field in fields(self)}
+        for name, value in bounds.items():
+            if value is not None and (not isinstance(value, datetime) or value.utcoffset() is None):
+                raise InvalidInputError(
+                    f"{name} must be a time with its zone, got {value!r}",
+                    reason=f"invalid-{name.replace('_', '-')}",
+                )
+        return bounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,7 +387,10 @@ class WorkerSlot:
     last_seen: datetime
     draining: bool
     alive: bool
-    """Seen within ``host_dead_after`` (the database clock)."""
+    """Its process lives, as far as the database tells: seen within ``host_dead_after``
+    (the database clock), and either it has a session on the database or it has missed
+    no beat. A killed process's sessions end with it, so it stops counting one beat
+    and a half after its last one, not ``host_dead_after`` later."""
     silent_seconds: float
     """Since its last heartbeat."""
     runs: tuple[OwnedRun, ...]
@@ -364,8 +420,11 @@ class FleetMinute:
 
 @dataclass(frozen=True, slots=True)
 class LatencyHistogram:
-    """Takeover latencies (hand-over to adoption, seconds) counted per bucket: ``counts[i]``
-    below ``bounds[i]`` (and at or past the bound before it); the last one past them all."""
+    """Takeover pauses in seconds counted per bucket: ``counts[i]`` below ``bounds[i]``
+    (and at or past the bound before it); the last one past them all. A pause is what
+    the run page says of the takeover: the gap in the run's stored output, from the
+    predecessor's last bytes to the successor's first, or, when either stored none, the
+    wait from the hand-over to the adoption."""
 
     bounds: tuple[float, ...]
     counts: tuple[int, ...]
@@ -373,6 +432,19 @@ class LatencyHistogram:
     p50: float | None
     p95: float | None
     max: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """When one of beat's periodic sweeps last finished, on the database clock."""
+
+    name: str
+    finished_at: datetime
+    seconds_ago: float
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> Sweep:
+        return cls(**dict(row))
 
 
 @dataclass(frozen=True, slots=True)
@@ -449,7 +521,7 @@ def to_json(value: Any, what: str) -> str:
         raise InvalidInputError(
             f"{what} is not JSON-serializable: {exc}", reason="not-json"
         ) from exc
-    if "\\u0000" in text:
+    if _JSON_NUL.search(text) is not None:
         raise InvalidInputError(f"{what} contains a NUL character", reason="not-json")
     try:
         text.encode("utf-8")
@@ -458,6 +530,26 @@ def to_json(value: Any, what: str) -> str:
             f"{what} holds a lone UTF-16 surrogate", reason="not-json"
         ) from None
     return text
+
+
+def storable(value: Any) -> Any:
+    """``value`` with every string, keys included, one that jsonb and text columns can
+    hold: a NUL becomes ␀ (``NUL_SHOWN``), a lone UTF-16 surrogate (no character: JSON
+    can escape one, UTF-8 cannot encode it) U+FFFD.
+
+    For what an agent wrote and a run must keep anyway (its error, its stderr): refusing
+    it would let an agent replace its own failure with a storage error."""
+    if isinstance(value, str):
+        return _UNSTORABLE.sub(_shown, value)
+    if isinstance(value, Mapping):
+        return {storable(key): storable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [storable(item) for item in value]
+    return value
+
+
+def _shown(match: re.Match[str]) -> str:
+    return NUL_SHOWN if match.group() == "\x00" else "\ufffd"
 
 
 def check_status(value: object) -> RunStatus:

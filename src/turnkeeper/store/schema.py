@@ -180,6 +180,15 @@ workers = sa.Table(
     sa.Index("ix_workers_host_id_last_seen", "host_id", "last_seen"),
 )
 
+# When each of beat's periodic sweeps (reconcile, reap, prune) last finished: the fleet
+# page warns when one is overdue (beat or its control worker stopped).
+sweeps = sa.Table(
+    "sweeps",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("finished_at", _TS, nullable=False, server_default=_NOW),
+)
+
 attempts = sa.Table(
     "attempts",
     metadata,
@@ -276,4 +285,6 @@ run_receipts = sa.Table(
     sa.Column("session_id", sa.Text, nullable=False),
     sa.Column("status", sa.Text, nullable=False),
     sa.Column("deleted_at", _TS, nullable=False, server_default=_NOW),
+    # The deleted run's tenant: only its own key learns the session it belonged to.
+    sa.Column("key_name", sa.Text, nullable=True),
 )

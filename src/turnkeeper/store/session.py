@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
 from psycopg.rows import DictRow, dict_row
 
 from turnkeeper.config import plain_postgres_url
@@ -77,7 +76,7 @@ class LockSession:
     def rows(
         self,
         operation: str,
-        statement: sa.TextClause,
+        statement: q.Statement,
         params: Mapping[str, Any],
         *,
         reconnect: bool = True,

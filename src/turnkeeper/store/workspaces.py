@@ -12,14 +12,13 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
-
+from turnkeeper.logconfig import get_logger
 from turnkeeper.store import queries as q
 from turnkeeper.store.admission import session_lock_key
 from turnkeeper.store.database import StoreBase
 from turnkeeper.store.records import check_id, check_limit, check_seconds
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

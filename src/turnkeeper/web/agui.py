@@ -43,6 +43,7 @@ from turnkeeper.store.records import Run, check_id
 from turnkeeper.web import sse
 from turnkeeper.web.auth import Principal, authenticate
 from turnkeeper.web.routes import (
+    JsonBody,
     SubmitRequest,
     admit,
     counted_events,
@@ -51,7 +52,7 @@ from turnkeeper.web.routes import (
 )
 
 if TYPE_CHECKING:
-    from turnkeeper.web.app import WebState
+    from turnkeeper.web.state import WebState
 
 log = structlog.get_logger(__name__)
 
@@ -285,6 +286,7 @@ def agui_router(*, ping_seconds: float) -> APIRouter:
         agent: str,
         request: Request,
         principal: Caller,
+        _: JsonBody,
         last_event_id: str | None = Header(default=None),
     ) -> EventSourceResponse:
         """Run the catalog's ``agent`` for an AG-UI ``RunAgentInput`` and stream the run

@@ -18,7 +18,6 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
@@ -28,23 +27,23 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from turnkeeper.agents.catalog import Catalog
-from turnkeeper.client import Client
 from turnkeeper.config import Settings, load_settings
 from turnkeeper.embedded import resolve_services
 from turnkeeper.errors import (
     AgentError,
     ApiKeyError,
     AuthenticationError,
+    AuthorizationHeaderError,
     ConfigError,
+    EmptyPromptError,
     InvalidInputError,
     LogGoneError,
     LogOffsetError,
     MethodNotAllowedError,
     NotPermittedError,
+    PromptTooLongError,
     QuotaExceededError,
     RunConflictError,
     RunNotFoundError,
@@ -52,11 +51,9 @@ from turnkeeper.errors import (
     SessionDeletedError,
     SessionNotFoundError,
     TurnkeeperError,
+    UnsupportedMediaTypeError,
 )
-from turnkeeper.log import AsyncRunLog, RunLog
-from turnkeeper.log.quota import StreamSlots, SubmitRate
 from turnkeeper.logconfig import configure_logging
-from turnkeeper.secret import STREAM_TOKENS, ServerSecret
 from turnkeeper.store.records import check_id
 from turnkeeper.web.agui import agui_router
 from turnkeeper.web.durable import (
@@ -64,25 +61,26 @@ from turnkeeper.web.durable import (
     DEFAULT_SSE_SECONDS,
     durable_router,
 )
-from turnkeeper.web.edge import BodyLimit, OriginCheck, SecurityHeaders, redact_access_log
-from turnkeeper.web.fanout import FanOut, FanOutLimits
-from turnkeeper.web.metrics import WebMetrics
-from turnkeeper.web.revocation import RevocationWatch
+from turnkeeper.web.edge import (
+    BodyLimit,
+    OriginCheck,
+    SecurityHeaders,
+    TrustedHosts,
+    redact_access_log,
+)
+from turnkeeper.web.fanout import FanOutLimits
 from turnkeeper.web.routes import api_router
-from turnkeeper.web.tokens import StreamTokens
+from turnkeeper.web.state import WebState
 
 log = structlog.get_logger(__name__)
 
 STATIC_DIR = Path(str(files("turnkeeper.web") / "static"))
-# Each run streamed parks one Redis connection in XREAD BLOCK (turnkeeper.web.fanout); past
-# this many, the streams of a further run end at once with a log-error of status 503.
-MAX_FEED_CONNECTIONS = 4096
-# Short commands (state, pages, stream slots) share a bounded pool; a burst waits for one.
-MAX_COMMAND_CONNECTIONS = 64
-COMMAND_WAIT_SECONDS = 20.0
 
 _STATUS_BY_ERROR: tuple[tuple[type[TurnkeeperError], int], ...] = (
     (AuthenticationError, 401),
+    (UnsupportedMediaTypeError, 415),
+    (PromptTooLongError, 413),
+    (EmptyPromptError, 422),
     (ApiKeyError, 401),  # revoked between the request's lookup and its admission
     (NotPermittedError, 403),
     (MethodNotAllowedError, 405),
@@ -98,11 +96,7 @@ _STATUS_BY_ERROR: tuple[tuple[type[TurnkeeperError], int], ...] = (
     (ConfigError, 400),
     (ServiceError, 503),
 )
-_CHALLENGE_ERRORS: dict[str, str | None] = {
-    "missing-key": None,
-    "missing": None,
-    "malformed-key": "invalid_request",
-}
+_NO_CREDENTIAL = frozenset({"missing-key", "missing"})
 _HTTP_REASONS = {404: "not-found", 405: "method-not-allowed"}
 _UNAVAILABLE = "a service turnkeeper depends on is unavailable; retry later"
 
@@ -112,87 +106,6 @@ def status_of(exc: TurnkeeperError) -> int:
         if isinstance(exc, kind):
             return status
     return 500
-
-
-@dataclass
-class WebState:
-    """What the endpoints share; built when the app starts, closed when it stops."""
-
-    settings: Settings
-    client: Client
-    run_log: AsyncRunLog
-    tokens: StreamTokens
-    metrics: WebMetrics
-    catalog: Catalog
-    submit_rate: SubmitRate
-    stream_slots: StreamSlots
-    revocations: RevocationWatch
-    fanout: FanOut
-
-    @classmethod
-    def open(cls, settings: Settings, fanout_limits: FanOutLimits | None = None) -> WebState:
-        secret = ServerSecret.require(settings, "to serve the web app")
-        catalog = Catalog.load(settings)
-        client = Client.from_settings(settings)
-        names = web_client_names(settings.namespace)
-        run_log = AsyncRunLog.from_settings(
-            settings,
-            blocking=True,
-            max_connections=MAX_COMMAND_CONNECTIONS,
-            timeout=COMMAND_WAIT_SECONDS,
-            client_name=names.commands,
-        )
-        feed_log = AsyncRunLog.from_settings(
-            settings,
-            max_connections=MAX_FEED_CONNECTIONS,
-            client_name=names.feeds,
-            socket_timeout=None,  # its reads are guarded by a timer instead (AsyncRunLog.read)
-        )
-        # A lost log is rebuilt from Postgres on its first read.
-        run_log.restorer = feed_log.restorer = client.log
-        metrics = WebMetrics(client.store, RunLog.from_settings(settings))
-        fanout = FanOut(run_log, feed_log, fanout_limits, on_drop=metrics.streams_dropped.inc)
-        metrics.feeds.set_function(lambda: len(fanout.feeds))
-        return cls(
-            settings=settings,
-            client=client,
-            run_log=run_log,
-            tokens=StreamTokens(secret.subkey(STREAM_TOKENS), settings.stream_token_ttl),
-            metrics=metrics,
-            catalog=catalog,
-            submit_rate=SubmitRate(
-                client.log.client,
-                namespace=settings.namespace,
-                per_minute=settings.submit_rate,
-                burst=settings.submit_burst,
-            ),
-            stream_slots=StreamSlots(
-                run_log.client, namespace=settings.namespace, cap=settings.max_streams_per_key
-            ),
-            revocations=RevocationWatch(client.store),
-            fanout=fanout,
-        )
-
-    async def aclose(self) -> None:
-        await self.fanout.aclose()
-        await self.revocations.stop()
-        self.client.close()
-        self.metrics.close()
-        await self.run_log.aclose()
-
-
-@dataclass(frozen=True)
-class WebClientNames:
-    """The names the web process's Redis connections carry (``CLIENT LIST``)."""
-
-    commands: str
-    feeds: str
-
-
-def web_client_names(namespace: str) -> WebClientNames:
-    return WebClientNames(
-        commands=f"turnkeeper-web:{namespace}", feeds=f"turnkeeper-feed:{namespace}"
-    )
 
 
 class _RequestTimer:
@@ -263,7 +176,7 @@ def create_app(
     # Outermost last: headers on every response, then Host, Origin and body checks.
     app.add_middleware(BodyLimit, max_bytes=edge_settings.max_body_bytes)
     app.add_middleware(OriginCheck)
-    app.add_middleware(TrustedHostMiddleware, allowed_hosts=edge_settings.trusted_hosts)
+    app.add_middleware(TrustedHosts, allowed_hosts=edge_settings.trusted_hosts)
     app.add_middleware(_RequestTimer)
     app.add_middleware(SecurityHeaders)
     _install_error_handlers(app)
@@ -299,9 +212,14 @@ def _install_error_handlers(app: FastAPI) -> None:
             body = {"error": "a value was refused by the store", "reason": exc.reason}
             return JSONResponse(body, status_code=status)
         if status == 401:
-            # RFC 6750 §3.1: no error code when no credential came; a malformed one
-            # is an invalid request; anything else an invalid token.
-            error = _CHALLENGE_ERRORS.get(exc.reason or "", "invalid_token")
+            # RFC 6750 §3.1: no error code when no credential came; a header that is not
+            # `Bearer KEY` is an invalid request; any other key (malformed, unknown,
+            # revoked) an invalid token.
+            error: str | None = "invalid_token"
+            if exc.reason in _NO_CREDENTIAL:
+                error = None
+            elif isinstance(exc, AuthorizationHeaderError):
+                error = "invalid_request"
             challenge = 'Bearer realm="turnkeeper"' + (f', error="{error}"' if error else "")
             headers["WWW-Authenticate"] = challenge
         if status == 429:

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from turnkeeper.errors import AuthenticationError, NotPermittedError, RunNotFoundError
+from turnkeeper.errors import (
+    AuthenticationError,
+    AuthorizationHeaderError,
+    NotPermittedError,
+    RunNotFoundError,
+)
+from turnkeeper.store.keys import is_key_format
 from turnkeeper.store.records import ApiKey, Run
 from turnkeeper.store.store import Store
 
@@ -52,7 +58,7 @@ def bearer_key(request: Request) -> str | None:
         return None
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
-        raise AuthenticationError(
+        raise AuthorizationHeaderError(
             "the Authorization header must be `Bearer KEY`", reason="malformed-key"
         )
     return key.strip()
@@ -64,6 +70,12 @@ async def authenticate(request: Request) -> Principal:
     if key is None:
         raise AuthenticationError(
             "an API key is required: send `Authorization: Bearer KEY`", reason="missing-key"
+        )
+    if not is_key_format(key):
+        raise AuthenticationError(
+            "the API key is malformed: a key is `tk_` and 43 letters, digits, `-` or `_`, "
+            "as `turnkeeper keys create` prints it",
+            reason="malformed-key",
         )
     store: Store = request.app.state.web.client.store
     found = await run_in_threadpool(store.authenticate_key, key)

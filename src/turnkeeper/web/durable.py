@@ -56,7 +56,7 @@ from turnkeeper.web.auth import Principal, authorize_stream
 from turnkeeper.web.fanout import FanOut
 
 if TYPE_CHECKING:
-    from turnkeeper.web.app import WebState
+    from turnkeeper.web.state import WebState
 
 log = structlog.get_logger(__name__)
 

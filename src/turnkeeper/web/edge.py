@@ -8,17 +8,20 @@ Pure ASGI middleware (event streams pass through untouched):
   origin (a cross-site form post, say) is refused with 403 before anything runs;
 - ``BodyLimit``: a body over the limit is refused with 413 before the app reads it.
 
-Trusted Host headers are Starlette's ``TrustedHostMiddleware`` (400 otherwise),
-and ``RedactQuery`` keeps query strings (stream tokens) out of uvicorn's access log.
+- ``TrustedHosts``: a ``Host`` the server does not answer to is refused with 400.
+
+``RedactQuery`` keeps query strings (stream tokens) out of uvicorn's access log.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 import orjson
 from starlette.datastructures import Headers
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 CONTENT_SECURITY_POLICY = (
@@ -101,6 +104,39 @@ def _same_origin(origin: str, host: str | None) -> bool:
     except ValueError:
         return False
     return bool(host) and netloc == str(host).lower()
+
+
+class TrustedHosts:
+    """Starlette's ``TrustedHostMiddleware`` (its Host matching, wildcards and the
+    ``www.`` redirect included), refusing a foreign Host with the JSON error body every
+    other error has instead of its plain text."""
+
+    def __init__(self, app: ASGIApp, allowed_hosts: Sequence[str]) -> None:
+        self.app = app
+        self.allowed_hosts = list(allowed_hosts)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def admitted(scope: Scope, receive: Receive, _: Send) -> None:
+            await self.app(scope, receive, send)  # the app answers on the real send
+
+        replaced = False
+
+        async def answered(message: Message) -> None:
+            # Only the check's own answer comes here: a refusal (400), or a redirect.
+            nonlocal replaced
+            if message["type"] == "http.response.start" and message["status"] == 400:
+                replaced = True
+                text = "the Host header names no host this server answers to"
+                await _refuse(send, 400, text, "invalid-host")
+            elif not replaced:
+                await send(message)
+
+        check = TrustedHostMiddleware(admitted, self.allowed_hosts)
+        await check(scope, receive, answered)
 
 
 class BodyLimit:

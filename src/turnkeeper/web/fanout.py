@@ -44,12 +44,13 @@ DRAIN_GRACE_SECONDS: Final = 5.0
 
 def chunk_frame(seq: int, chunk: Chunk) -> bytes:
     """The SSE frame of one chunk, byte for byte what sse-starlette makes of
-    ``{"id": seq, "data": json}`` (JSON has no raw newline, so one ``data:`` line)."""
-    return b"id: %d\r\ndata: %s\r\n\r\n" % (seq, orjson.dumps(chunk))
+    ``{"id": seq, "data": json}`` with ``sep="\\n"`` (JSON has no raw newline, so one
+    ``data:`` line). Lines end in LF, as on every stream of ours (docs/api.md)."""
+    return b"id: %d\ndata: %s\n\n" % (seq, orjson.dumps(chunk))
 
 
 def event_frame(event: str, body: object) -> bytes:
-    return b"event: %s\r\ndata: %s\r\n\r\n" % (event.encode(), orjson.dumps(body))
+    return b"event: %s\ndata: %s\n\n" % (event.encode(), orjson.dumps(body))
 
 
 def is_chunk_frame(frame: bytes) -> bool:

@@ -40,6 +40,7 @@ from prometheus_client.registry import Collector
 from turnkeeper.driver.output import LEASE_RENEWALS, REFUSED_APPENDS
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.log import RunLog
+from turnkeeper.log.runlog import LOGS_LOST
 from turnkeeper.store import Store
 from turnkeeper.store.records import RunStatus
 from turnkeeper.store.schema import HANDOVER_CAUSES
@@ -116,6 +117,11 @@ class FleetCollector(Collector):
             "turnkeeper_refused_appends",
             "Appends the run log refused to an owner whose epoch was fenced off.",
             value=counters.get(REFUSED_APPENDS, 0),
+        )
+        yield CounterMetricFamily(
+            "turnkeeper_logs_lost",
+            "Run logs Redis lost (not expired) that were rebuilt from Postgres.",
+            value=counters.get(LOGS_LOST, 0),
         )
 
 

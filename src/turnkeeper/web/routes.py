@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.message
 import re
 from collections.abc import AsyncGenerator, Callable
+from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import anyio
@@ -22,35 +24,69 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 from sse_starlette import EventSourceResponse
 
+from turnkeeper.agents.spec import AgentSpec, require_prompt
 from turnkeeper.errors import (
     InvalidInputError,
     ServiceError,
     SessionNotFoundError,
     TurnkeeperError,
+    UnsupportedMediaTypeError,
 )
 from turnkeeper.hosts import fleet_view
 from turnkeeper.log.quota import STREAM_RENEW_SECONDS
 from turnkeeper.store.fleet import MAX_MINUTES
-from turnkeeper.store.records import Run, RunStatus, check_id, check_key_name, check_status
+from turnkeeper.store.records import (
+    Run,
+    RunStatus,
+    RunWindow,
+    check_id,
+    check_key_name,
+    check_status,
+)
 from turnkeeper.store.store import Store
 from turnkeeper.web import sse
 from turnkeeper.web.auth import Principal, authenticate, authorize_stream, require_visible
 from turnkeeper.web.fanout import DRAIN_GRACE_SECONDS, is_chunk_frame
 from turnkeeper.web.fleet import fleet_page
-from turnkeeper.web.views import attempt_views, entry_view, events_path, run_view
+from turnkeeper.web.views import attempt_views, entry_view, events_path, run_listing, run_view
 
 if TYPE_CHECKING:
-    from turnkeeper.web.app import WebState
+    from turnkeeper.web.state import WebState
 
 log = structlog.get_logger(__name__)
 
 MAX_LIST_LIMIT = 1000
 MAX_LIST_OFFSET = 10_000_000
-MAX_COUNTED = 10_000  # the runs list counts its matches up to this many
 _COUNT = re.compile(r"[0-9]{1,7}")
 
-Caller = Annotated[Principal, Depends(authenticate)]
 Event = TypeVar("Event")
+
+
+def is_json(content_type: str | None) -> bool:
+    """Whether a ``Content-Type`` names JSON (``application/json``, ``application/*+json``),
+    as FastAPI decides whether to read a body as JSON."""
+    if not content_type:
+        return False
+    message = email.message.Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json")
+    )
+
+
+def require_json(request: Request) -> None:
+    """A body route's check, after its key's: a body FastAPI would not read as JSON is
+    a 415 saying so, not a validation error about the bytes it read instead."""
+    if not is_json(request.headers.get("content-type")):
+        raise UnsupportedMediaTypeError(
+            "the request body must be JSON, sent with `Content-Type: application/json`",
+            reason="unsupported-media-type",
+        )
+
+
+Caller = Annotated[Principal, Depends(authenticate)]
+JsonBody = Annotated[None, Depends(require_json)]
 
 
 class SessionRunRequest(BaseModel):
@@ -134,6 +170,23 @@ def parse_index(raw: str | None, name: str, *, most: int) -> int:
     return int(raw)
 
 
+def parse_time(raw: str | None, name: str) -> datetime | None:
+    """A query time: ISO 8601 with its zone (``Z`` or an offset); a naive one would be
+    read in the database session's zone."""
+    if raw is None:
+        return None
+    try:
+        value = datetime.fromisoformat(raw) if len(raw) <= 40 else None
+    except ValueError:
+        value = None
+    if value is None or value.utcoffset() is None:
+        raise InvalidInputError(
+            f"{name} must be an ISO 8601 time with its zone, got {raw[:40]!r}",
+            reason=f"invalid-{name.replace('_', '-')}",
+        )
+    return value
+
+
 def api_router(*, ping_seconds: float) -> APIRouter:
     api = APIRouter()
     # The event route first: `/runs/{run_id:path}` would otherwise swallow `.../events`.
@@ -149,11 +202,15 @@ def _state(request: Request) -> WebState:
     return state
 
 
-def _described(request: Request, run: Run) -> dict[str, Any]:
+def _described(request: Request, principal: Principal, run: Run) -> dict[str, Any]:
     state = _state(request)
     store = state.client.store
     view = run_view(
-        run, store.get_turn_slot(run.run_id), store.database_now(), _waiting_behind(store, run)
+        run,
+        store.get_turn_slot(run.run_id),
+        store.database_now(),
+        _waiting_behind(store, run),
+        owners=principal.admin,
     )
     token = state.tokens.issue(run.run_id)
     view["stream_url"] = events_path(request.scope.get("root_path", ""), run.run_id, token)
@@ -171,7 +228,7 @@ def _visible_run(request: Request, principal: Principal, run_id: str) -> Run:
 
 def submit(request: Request, principal: Principal, body: SubmitRequest) -> dict[str, Any]:
     """Admit ``body`` as the principal's run and describe it with its stream URL."""
-    return _described(request, admit(request, principal, body))
+    return _described(request, principal, admit(request, principal, body))
 
 
 def admit(request: Request, principal: Principal, body: SubmitRequest) -> Run:
@@ -194,6 +251,7 @@ def admit(request: Request, principal: Principal, body: SubmitRequest) -> Run:
         timeout=body.timeout,
         max_attempts=body.max_attempts,
     )
+    AgentSpec.from_payload(admission.agent).check_prompt(require_prompt(body.prompt))
     state.submit_rate.take(principal.name)  # what would be admitted counts, not refusals
     run = state.client.submit(
         admission.agent,
@@ -213,7 +271,9 @@ def admit(request: Request, principal: Principal, body: SubmitRequest) -> Run:
 
 def _add_run_routes(api: APIRouter) -> None:
     @api.post("/runs", status_code=201, tags=["runs"])
-    def submit_run(body: SubmitRequest, request: Request, principal: Caller) -> dict[str, Any]:
+    def submit_run(
+        body: SubmitRequest, request: Request, principal: Caller, _: JsonBody
+    ) -> dict[str, Any]:
         """Admit a run and enqueue it; idempotent by ``run_id``. Returns it with its stream URL."""
         return submit(request, principal, body)
 
@@ -227,14 +287,19 @@ def _add_run_routes(api: APIRouter) -> None:
         agent: str | None = None,
         key: str | None = None,
         search: str | None = None,
+        created_since: str | None = None,
+        created_until: str | None = None,
+        finished_since: str | None = None,
+        finished_until: str | None = None,
         limit: str | None = None,
         offset: str | None = None,
     ) -> dict[str, Any]:
         """The newest runs first (the key's own; every run for an admin key), of one
         ``status``, ``session_id``, ``agent`` (a preset, or an inline command's program)
-        and ``key`` (an admin key's filter), whose id holds ``search`` (any case);
-        ``limit`` runs after the first ``offset``, and ``total``, how many match (at most
-        10,000: ``total_exact`` is false past it)."""
+        and ``key`` (an admin key's filter), whose id holds ``search`` (any case),
+        created and finished within the given times (ISO 8601, ``since`` included,
+        ``until`` not); ``limit`` runs after the first ``offset``, and ``total``, how
+        many match (at most 10,000: ``total_exact`` is false past it)."""
         count = parse_count(limit, "limit", default=50, most=MAX_LIST_LIMIT)
         skip = parse_index(offset, "offset", most=MAX_LIST_OFFSET)
         for value, what in ((session_id, "session_id"), (agent, "agent"), (search, "search")):
@@ -246,45 +311,39 @@ def _add_run_routes(api: APIRouter) -> None:
                 principal.require_admin("the key filter of another key's runs")
         if status is not None:
             check_status(status)
-        filters = {
+        window = RunWindow(
+            created_since=parse_time(created_since, "created_since"),
+            created_until=parse_time(created_until, "created_until"),
+            finished_since=parse_time(finished_since, "finished_since"),
+            finished_until=parse_time(finished_until, "finished_until"),
+        )
+        filters: dict[str, Any] = {
             "status": status,
             "session_id": session_id,
             "agent": agent,
             "search": search,
             "key_name": key if key is not None else principal.tenant_filter,
+            "window": window,
         }
-        client = _state(request).client
-        store = client.store
-        runs = client.list_runs(**filters, limit=count, offset=skip)
-        total = store.count_runs(**filters, most=MAX_COUNTED + 1)
-        now = store.database_now()
-        views = [
-            run_view(run, store.get_turn_slot(run.run_id), now, _waiting_behind(store, run))
-            for run in runs
-        ]
-        return {
-            "runs": views,
-            "total": min(total, MAX_COUNTED),
-            "total_exact": total <= MAX_COUNTED,
-            "offset": skip,
-            "limit": count,
-            "now": now.isoformat(),
-        }
+        store = _state(request).client.store
+        return run_listing(store, filters, limit=count, offset=skip, owners=principal.admin)
 
     @api.post("/runs/{run_id:path}/cancel", tags=["runs"])
     def cancel_run(run_id: str, request: Request, principal: Caller) -> dict[str, Any]:
-        """Cancel a run: a queued one at once, a running one within one heartbeat."""
+        """Cancel a run: one nobody drives is settled at once; a running one is stopped by
+        its owner, which hears of the cancel when it commits."""
         _visible_run(request, principal, run_id)
-        return _described(request, _state(request).client.cancel(run_id))
+        return _described(request, principal, _state(request).client.cancel(run_id))
 
     @api.get("/runs/{run_id:path}", tags=["runs"])
     def get_run(run_id: str, request: Request, principal: Caller) -> dict[str, Any]:
         """A run's status, phase, epoch, owner, lease, its stream URL, its prompt, and
         its attempts (each with where a takeover's attempt began in the log)."""
         run = _visible_run(request, principal, run_id)
-        view = _described(request, run)
+        view = _described(request, principal, run)
         view["prompt"] = run.payload.get("prompt") if isinstance(run.payload, dict) else None
-        view["attempts"] = attempt_views(_state(request).client.store.attempts(run.run_id))
+        attempts = _state(request).client.store.attempts(run.run_id)
+        view["attempts"] = attempt_views(attempts, owners=principal.admin)
         return view
 
     @api.get("/sessions/{session_id:path}/transcript", tags=["sessions"])
@@ -313,7 +372,11 @@ def visible_session(request: Request, principal: Principal, session_id: str) -> 
 def _add_session_routes(api: APIRouter) -> None:
     @api.post("/sessions/{session_id:path}/runs", status_code=201, tags=["sessions"])
     def send(
-        session_id: str, body: SessionRunRequest, request: Request, principal: Caller
+        session_id: str,
+        body: SessionRunRequest,
+        request: Request,
+        principal: Caller,
+        _: JsonBody,
     ) -> dict[str, Any]:
         """A message of the session: a run that continues its conversation, queued
         behind the session's active run (``waiting_behind``); the first one opens the
@@ -345,7 +408,13 @@ def _add_session_routes(api: APIRouter) -> None:
             "active_path": active,
             "entries": entries,
             "runs": [
-                run_view(run, store.get_turn_slot(run.run_id), now, _waiting_behind(store, run))
+                run_view(
+                    run,
+                    store.get_turn_slot(run.run_id),
+                    now,
+                    _waiting_behind(store, run),
+                    owners=principal.admin,
+                )
                 for run in reversed(runs)
             ],
         }

@@ -166,7 +166,8 @@ class CuttableEventSourceResponse(EventSourceResponse):
     connection, and logs that the response was not completed)."""
 
     def __init__(self, *args: Any, cut: asyncio.Event, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        # LF line ends (sse-starlette's default is CRLF), as the fan-out's frames have.
+        super().__init__(*args, **{"sep": "\n", **kwargs})
         self.cut = cut
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -5,8 +5,19 @@ before the spawn, after the sentinel but before the commit); those windows are
 too short to hit with a timer. The points:
 
 - ``before-spawn``: the run claimed, its agent not spawned yet;
+- ``lease-confirmed``: the store renewed the lease right before a spawn
+  (``Attempt._confirm_lease``), the journal not prepared yet: an owner paused here
+  past its lease must find, woken, that its successor claimed the journal;
 - ``after-prepare``: the journal made, its writer not started yet
   (``runner.spawn_journaled``);
+- ``spawned``: the agent's writer started, its start not recorded in the turn slot
+  yet (``Attempt._spawn``): a successor classifies such a journal as never started;
+- ``adopted``: a takeover adopted its run and fenced the log, the run not read
+  yet (``driver.attempt._own``): what it finds there (a cancel) decides its recovery;
+- ``segment-stored``: journal bytes stored in Postgres, their chunks not appended
+  to the log yet (``Attempt._consume``);
+- ``classified``: a takeover classified what survived (``Attempt.drive``), its
+  recovery not begun: what changes now (a sandbox that goes) meets the recovery;
 - ``after-sentinel``: the sentinel read, not stored yet;
 - ``sentinel-stored``: the sentinel stored, the turn not committed yet;
 - ``settling``: the owner's heartbeat stopped, its settle not written yet

@@ -16,11 +16,12 @@ from typing import Any
 import structlog
 
 from turnkeeper.agents.spec import AgentSpec
+from turnkeeper.agents.worker_env import worker_values
 from turnkeeper.config import Settings
 from turnkeeper.driver.output import LEASE_RENEWALS
 from turnkeeper.driver.replay import StoredLog
 from turnkeeper.envelope import EnvSealer
-from turnkeeper.errors import AgentError, SandboxError
+from turnkeeper.errors import SandboxError
 from turnkeeper.log import RunLog
 from turnkeeper.owner import new_owner
 from turnkeeper.sandbox.factory import at_least_as_strong, provider_for
@@ -30,6 +31,7 @@ from turnkeeper.store.records import Claim
 from turnkeeper.store.session import OwnerLockSession, store_session_name
 from turnkeeper.store.store import Store
 from turnkeeper.workers.beacon import HostBeacon
+from turnkeeper.workers.cancel_listener import CancelListener
 from turnkeeper.workers.lease import LeaseKeeper
 from turnkeeper.workers.owner_locks import OwnerLocks
 
@@ -73,6 +75,19 @@ class WorkerRuntime:
                 ).start()
 
     _owner_locks: OwnerLocks | None = None
+    _cancels: CancelListener | None = None
+
+    @property
+    def cancels(self) -> CancelListener:
+        """This process's cancel wake-ups (``workers/cancel_listener.py``), made once;
+        its connection opens with the first run it watches."""
+        with self._lock:
+            if self._cancels is None:
+                self._cancels = CancelListener(
+                    self.settings.require_database_url(),
+                    application_name=store_session_name(self.owner),
+                )
+            return self._cancels
 
     @classmethod
     def open(cls, settings: Settings) -> WorkerRuntime:
@@ -108,6 +123,7 @@ class WorkerRuntime:
             lease_ttl=self.settings.lease_ttl,
             interval=self.settings.heartbeat_interval,
             on_renewed=lambda: self.log.count(LEASE_RENEWALS),
+            cancels=self.cancels if self.settings.cancel_listen else None,
         )
 
     def provider_to_run(self, name: str | None) -> SandboxProvider:
@@ -131,20 +147,13 @@ class WorkerRuntime:
 
     def agent_env(self, run_id: str, payload: Any, spec: AgentSpec) -> dict[str, str]:
         """The env a run's agent gets: its sealed values opened, then the variables its
-        ``env_from`` names, read from this worker's own environment at spawn time."""
+        ``env_from`` and ``env_files`` name, read from this worker's own environment and
+        files at spawn time (``agents/worker_env.py``)."""
         env = dict(spec.env)  # a run admitted before env values were sealed
         sealed = payload.get("env") if isinstance(payload, Mapping) else None
         if sealed is not None:
             env.update(self._env_sealer().open(run_id, sealed))
-        missing = [name for name in spec.env_from if name not in os.environ]
-        if missing:
-            raise AgentError(
-                f"the worker's environment has no {', '.join(missing)}, which the agent's "
-                "env_from names; set it on every worker",
-                run_id=run_id,
-                reason="missing-env",
-            )
-        env.update({name: os.environ[name] for name in spec.env_from})
+        env.update(worker_values(spec, run_id=run_id))
         return env
 
     def _env_sealer(self) -> EnvSealer:
@@ -174,6 +183,8 @@ class WorkerRuntime:
             self._beacon.stop()
         if self._owner_locks is not None:
             self._owner_locks.close()
+        if self._cancels is not None:
+            self._cancels.close()
         self.store.close()
         self.heartbeat_store.close()
         self.log.client.close()

@@ -13,6 +13,8 @@ turnkeeper.sandbox.egress``), and every later one finds it under the data dir:
 file lock makes concurrent workers start exactly one daemon; the daemon holds an
 exclusive lock on its pidfile for its whole life, so "is it alive" never trusts a
 recycled pid. A daemon that died is replaced on the same socket path.
+
+Started by root, the daemon runs as ``proxy_uid(jail_gid)`` once its socket is bound.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ _POLL_INTERVAL = 0.05
 _STDERR_TAIL = 2000
 # The daemon's whole environment: nothing of the fleet, no TURNKEEPER_* and no secret.
 _DAEMON_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+NOBODY = 65534
 
 
 @dataclass(frozen=True)
@@ -224,6 +227,21 @@ def _daemon_environment() -> dict[str, str]:
     return {"PATH": _DAEMON_PATH, "LC_ALL": "C.UTF-8", "PYTHONPATH": str(package_root)}
 
 
+def proxy_uid(jail_gid: int | None) -> int | None:
+    """The uid (and gid) a daemon started by root becomes once it listens; None when its
+    starter is not root and there is nothing to drop.
+
+    With a jail group, that group's number: the first id of ``TURNKEEPER_SANDBOX_UIDS``,
+    which the range sets aside and no sandbox gets as its uid, so the proxy shares its uid
+    with no agent (none can signal or trace it) and with nothing else on the host.
+    Without one (a root starter that jails nobody by uid: the ssh host logged in as root,
+    tests) ``nobody``.
+    """
+    if os.geteuid() != 0:
+        return None
+    return NOBODY if jail_gid is None else jail_gid
+
+
 def _start(paths: ProxyPaths, allowlist: tuple[str, ...], jail_gid: int | None) -> None:
     """Starts the daemon and returns once it answers; its starter exits as soon as it listens."""
     argv = [
@@ -235,6 +253,9 @@ def _start(paths: ProxyPaths, allowlist: tuple[str, ...], jail_gid: int | None) 
     ]  # fmt: skip
     if jail_gid is not None:
         argv += ["--group", str(jail_gid)]
+    uid = proxy_uid(jail_gid)
+    if uid is not None:
+        argv += ["--user", str(uid)]
     stderr_fd = os.open(paths.stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         starter = subprocess.run(

@@ -56,8 +56,11 @@ const TICK_CHAR_PX = 6.4;  // about one character of the 11px tick font
 
 // A bar chart into `box` (replacing what it drew before): one bar per label, the
 // series stacked bottom up. `line`, when given, is drawn over the bars as a step line.
-// opts: { labels, series: [{ key, name, values }], line: { key, name, values },
-//         tick: (index) => label or null, empty: text when every value is 0 }
+// A series with `href` makes each of its bars a link (href(index): the page of what
+// the bar counts), and with `legendHref` its legend item too.
+// opts: { labels, series: [{ key, name, values, href, legendHref }],
+//         line: { key, name, values }, tick: (index) => label or null,
+//         empty: text when every value is 0 }
 function barChart(box, opts) {
   const width = Math.max(240, Math.floor(box.clientWidth || 0));
   const height = 168;
@@ -94,8 +97,18 @@ function barChart(box, opts) {
           class: `bar bar-${s.key}`, x: x.toFixed(2), width: barW.toFixed(2),
           y: y(base + value).toFixed(2), height: (y(base) - y(base + value)).toFixed(2),
         });
-        rect.append(chartNode("title", {}, `${label}: ${value} ${s.name}`));
-        chart.append(rect);
+        const said = `${label}: ${value} ${s.name}`;
+        rect.append(chartNode("title", {}, s.href ? `${said}: show these runs` : said));
+        if (s.href) {
+          const link = chartNode("a", {
+            href: s.href(i), class: "bar-link", "data-bar": s.key, "data-index": i,
+            "aria-label": `${said}: show these runs`,
+          });
+          link.append(rect);
+          chart.append(link);
+        } else {
+          chart.append(rect);
+        }
       }
       base += value;
     }
@@ -131,7 +144,9 @@ function barChart(box, opts) {
   const legend = el("div", { class: "legend" });
   for (const s of all) {
     const total = s.values.reduce((sum, v) => sum + v, 0);
-    const item = el("span", { class: "legend-item", "data-series": s.key });
+    const item = s.legendHref
+      ? el("a", { class: "legend-item", "data-series": s.key, href: s.legendHref })
+      : el("span", { class: "legend-item", "data-series": s.key });
     item.append(el("span", { class: `swatch swatch-${s.key}${s === opts.line ? " swatch-line" : ""}` }));
     item.append(document.createTextNode(s.legend || `${s.name} ${total}`));
     legend.append(item);

@@ -56,14 +56,108 @@ async function getJSON(url) {
   return body;
 }
 
+let keyAsked = null;
+
+// The key this tab signed in with (GET /key), asked once per page.
+function signedInKey() {
+  if (keyAsked === null) {
+    keyAsked = getJSON("/key");
+    keyAsked.catch(() => { keyAsked = null; });
+  }
+  return keyAsked;
+}
+
+// The header's "key NAME" and sign-out link; the links an admin key's pages only
+// (data-admin-only: the fleet page) stay hidden for any other key.
 async function showIdentity() {
+  const key = await signedInKey();
+  for (const link of document.querySelectorAll("[data-admin-only]")) link.hidden = !key.admin;
   const who = document.getElementById("who");
-  if (!who) return;
-  const key = await getJSON("/key");
+  if (!who) return key;
   who.textContent = `key ${key.name}${key.admin ? " (admin: every run)" : ""}`;
   const out = el("a", { href: "/login", id: "sign-out" }, "sign out");
   out.addEventListener("click", () => sessionStorage.removeItem(KEY_STORAGE));
   who.after(out);
+  return key;
+}
+
+// Instead of a page's content, a plain "not found": nothing of the page's own (its
+// tables, its buttons) is left to suggest there is something behind it.
+function showNotFound(text) {
+  for (const main of document.querySelectorAll("main")) main.hidden = true;
+  const box = el("main", { id: "not-found", class: "not-found" });
+  box.append(el("h2", {}, "Not found"), el("p", { dir: "auto" }, text));
+  const back = el("p");
+  back.append(el("a", { href: "/" }, "back to the runs"));
+  box.append(back);
+  document.querySelector("header").after(box);
+  document.title = "turnkeeper: not found";
+}
+
+// --- words for what the API says in codes ------------------------------------------
+
+// A run's error in words ("agent-exit: the agent exited with code 2"), never as JSON.
+function errorText(error) {
+  if (error === null || error === undefined) return "";
+  if (typeof error !== "object") return String(error);
+  const reason = typeof error.reason === "string" ? error.reason : "";
+  const message = typeof error.message === "string" ? error.message : "";
+  if (reason && message) return `${reason}: ${message}`;
+  return reason || message || "the run failed";
+}
+
+// What a running run's turn is doing, from its turn slot's phase.
+const PHASES = {
+  before_provider: "starting the agent",
+  provider_started: "the agent is working",
+  tool_request_recorded: "waiting for a tool call",
+  committed: "turn saved",
+};
+
+function phaseText(run) {
+  if (run.status !== "running" || !run.phase) return null;
+  const words = PHASES[run.phase] || run.phase;
+  return run.turn_index === null || run.turn_index === undefined
+    ? words : `turn ${run.turn_index + 1}: ${words}`;
+}
+
+// 4.2 s, 42 s, 3 min 12 s, 2 h 5 min.
+function durationText(seconds) {
+  if (seconds === null || seconds === undefined) return "-";
+  if (seconds < 10) return `${seconds.toFixed(1)} s`;
+  if (seconds < 60) return `${Math.floor(seconds)} s`;
+  if (seconds < 3600) return `${Math.floor(seconds / 60)} min ${Math.floor(seconds % 60)} s`;
+  return `${Math.floor(seconds / 3600)} h ${Math.floor((seconds % 3600) / 60)} min`;
+}
+
+function pad2(n) {
+  return String(n).padStart(2, "0");
+}
+
+// 14:03:12 today; Dec 3 14:03 another day (the local clock, 24 hours).
+function whenText(iso) {
+  if (!iso) return "-";
+  const at = new Date(iso);
+  if (Number.isNaN(at.getTime())) return String(iso);  // not a time: as it was given
+  const now = new Date();
+  const clock = `${pad2(at.getHours())}:${pad2(at.getMinutes())}`;
+  if (at.toDateString() === now.toDateString()) return `${clock}:${pad2(at.getSeconds())}`;
+  const month = at.toLocaleString("en-US", { month: "short" });
+  return `${month} ${at.getDate()} ${clock}`;
+}
+
+// An owner id (host:pid:token) that breaks only after its colons, never mid-name.
+function ownerNode(owner) {
+  const node = el("span", { class: "owner-id", title: owner || "" });
+  if (!owner) {
+    node.textContent = "-";
+    return node;
+  }
+  String(owner).split(":").forEach((part, i, parts) => {
+    node.append(document.createTextNode(i < parts.length - 1 ? `${part}:` : part));
+    if (i < parts.length - 1) node.append(document.createElement("wbr"));
+  });
+  return node;
 }
 
 // --- icons: inline SVG, drawn with the text's colour; no emoji font needed ----------

@@ -1,7 +1,8 @@
 "use strict";
-// The fleet page (an admin key's): GET /fleet every 2 s, drawn in place, so the
-// scroll position and the chosen window stay. Workers are Celery workers (a host and
-// a main process); their slots are pool processes, each with the runs it owns.
+// The fleet page (an admin key's; any other key gets a plain "not found" and never
+// the page's frame): GET /fleet every 2 s, drawn in place, so the scroll position and
+// the chosen window stay. Workers are Celery workers (a host and a main process);
+// their slots are pool processes, each with the runs it owns; only live ones count.
 
 const FLEET_REFRESH_MS = 2000;
 const minutesChoice = document.getElementById("minutes");
@@ -15,6 +16,13 @@ function seconds(value) {
   if (abs < 120) return `${Math.round(value)} s`;
   if (abs < 7200) return `${Math.round(value / 60)} min`;
   return `${(value / 3600).toFixed(1)} h`;
+}
+
+// A takeover's pause as the run page says it: one decimal (ms below a tenth).
+function pauseText(value) {
+  if (value === null || value === undefined) return "-";
+  if (value < 0.1) return `${Math.round(value * 1000)} ms`;
+  return seconds(value);
 }
 
 function since(iso, nowIso) {
@@ -33,16 +41,19 @@ function tile(iconName, label, value, extra) {
   return box;
 }
 
+function reconcileSweep(body) {
+  return body.sweeps.find((sweep) => sweep.name === "reconcile");
+}
+
 function drawTiles(body) {
   const live = body.workers.filter((w) => w.alive);
-  const slots = live.flatMap((w) => w.slots.filter((s) => s.alive));
-  const busy = slots.filter((s) => s.runs.length > 0).length;
   const status = body.runs_by_status;
+  const sweep = reconcileSweep(body);
   const takeovers = Object.values(body.takeovers_by_cause).reduce((a, b) => a + b, 0);
   const waiting = body.queues.reduce((sum, q) => sum + (q.depth || 0), 0);
   document.getElementById("tiles").replaceChildren(
     tile("worker", "workers", String(live.length)),
-    tile("busy", "slots busy", `${busy} / ${slots.length}`),
+    tile("busy", "slots busy", `${body.slots.busy}/${body.slots.live}`),
     tile("busy", "runs running", String(status.running || 0)),
     tile("queue", "runs queued", String(status.queued || 0)),
     tile("queue", "in the queues", body.broker === "ok" ? String(waiting) : "broker down",
@@ -52,7 +63,35 @@ function drawTiles(body) {
     tile("clock", "expired leases", String(body.expired_leases), body.expired_leases ? "warn" : ""),
     tile("takeover", "takeovers", String(takeovers)),
     tile("stream", "open streams", String(body.open_streams.now)),
+    tile("clock", "reconciled", sweep && sweep.seconds_ago !== null
+      ? `${seconds(sweep.seconds_ago)} ago` : "not yet", `text${sweep && sweep.overdue ? " warn" : ""}`),
   );
+}
+
+function drawSweeps(body) {
+  const rows = body.sweeps.map((sweep) => {
+    const row = el("tr", { "data-sweep": sweep.name, "data-overdue": String(sweep.overdue) });
+    const last = sweep.finished_at === null ? "never"
+      : `${seconds(sweep.seconds_ago)} ago`;
+    const state = el("td", { class: "sweep-state" });
+    if (sweep.overdue) state.append(el("span", { class: "badge warn" }, "overdue"));
+    else if (sweep.finished_at === null) state.append(el("span", { class: "badge" }, "not yet"));
+    else state.append(el("span", { class: "badge ok" }, "on time"));
+    row.append(el("td", { class: "mono" }, sweep.name), el("td", {}, seconds(sweep.every_seconds)),
+      el("td", { class: "sweep-last" }, last), state);
+    return row;
+  });
+  document.getElementById("sweeps").replaceChildren(...rows);
+  const sweep = reconcileSweep(body);
+  const warning = document.getElementById("beat-warning");
+  warning.hidden = !sweep || !sweep.overdue;
+  if (sweep && sweep.overdue) {
+    warning.textContent = sweep.seconds_ago === null
+      ? "The reconciler has never run: start beat (turnkeeper beat). Until it runs, runs whose worker died are not taken over."
+      : `The reconciler last ran ${seconds(sweep.seconds_ago)} ago and runs every ` +
+        `${seconds(sweep.every_seconds)}: beat or its control worker has stopped. Until it ` +
+        "runs, runs whose lease ran out are not taken over.";
+  }
 }
 
 function leaseCell(run, ttl) {
@@ -113,8 +152,9 @@ function workerCard(worker, body) {
   if (worker.alive && worker.silent_seconds > 3 * body.beat_interval) {
     head.append(el("span", { class: "badge warn", "data-silent": "true" }, "not beating"));
   }
-  const busy = worker.slots.filter((s) => s.runs.length).length;
-  const slotsText = `${busy}/${worker.slots.length} slots busy`;
+  const stopped = worker.slots.length - worker.slots_live;
+  const slotsText = `${worker.slots_busy}/${worker.slots_live} slots busy` +
+    (stopped ? ` · ${stopped} stopped` : "");
   const beat = `last heartbeat ${seconds(worker.silent_seconds)} ago`;
   head.append(el("span", { class: "meta" }, worker.alive
     ? `${slotsText} · up ${since(worker.started_at, body.now)} · ${beat}`
@@ -177,14 +217,26 @@ function minuteTicks(labels, box) {
   return (i) => ((labels.length - 1 - i) % every === 0 ? labels[i] : null);
 }
 
+// The runs table, filtered to the runs of one outcome that finished within a window.
+function runsLink(status, since, until) {
+  const query = new URLSearchParams({
+    status, finished_since: new Date(since).toISOString(), finished_until: new Date(until).toISOString(),
+  });
+  return `/?${query}`;
+}
+
 function drawCharts(body) {
   const labels = body.activity.map((m) => minuteLabel(m.minute));
   const runsBox = document.getElementById("chart-runs");
+  const minutes = body.activity.map((m) => new Date(m.minute).getTime());
+  const windowEnd = minutes.length ? minutes[minutes.length - 1] + 60_000 : 0;
   barChart(runsBox, {
     labels,
     tick: minuteTicks(labels, runsBox),
     series: ["completed", "failed", "aborted"].map((outcome) => ({
       key: outcome, name: outcome, values: body.activity.map((m) => m.settled[outcome] || 0),
+      href: (i) => runsLink(outcome, minutes[i], minutes[i] + 60_000),
+      legendHref: minutes.length ? runsLink(outcome, minutes[0], windowEnd) : null,
     })),
     line: { key: "started", name: "started", values: body.activity.map((m) => m.started) },
     empty: "no run started or settled",
@@ -210,7 +262,7 @@ function drawCharts(body) {
       name: "takeovers",
       values: latency.buckets.map((b) => b.count),
       legend: latency.count
-        ? `${latency.count} takeover${latency.count === 1 ? "" : "s"} · median ${seconds(latency.p50)} · p95 ${seconds(latency.p95)} · max ${seconds(latency.max)}`
+        ? `${latency.count} takeover${latency.count === 1 ? "" : "s"} · median ${pauseText(latency.p50)} · p95 ${pauseText(latency.p95)} · max ${pauseText(latency.max)}`
         : "no takeover adopted in this window",
     }],
     empty: "no takeover",
@@ -234,6 +286,7 @@ function draw(body) {
   drawTiles(body);
   drawWorkers(body);
   drawQueues(body);
+  drawSweeps(body);
   drawCharts(body);
   document.getElementById("fleet").dataset.loaded = "true";
 }
@@ -245,17 +298,41 @@ async function refreshFleet() {
     fleetError.hidden = true;
     document.getElementById("refreshed").textContent = `refreshed ${new Date().toLocaleTimeString()}`;
   } catch (error) {
+    if (error.status === 403) {  // the key is no admin's (any more)
+      notForThisKey();
+      return false;
+    }
     fleetError.hidden = false;
-    fleetError.textContent = error.status === 403
-      ? "The fleet page needs an admin key: sign in with one (turnkeeper keys create NAME --admin)."
-      : `refresh failed: ${error.message}`;
+    fleetError.textContent = `refresh failed: ${error.message}`;
     document.getElementById("refreshed").textContent = "refresh failed";
   }
+  return true;
+}
+
+function notForThisKey() {
+  document.getElementById("refreshed").hidden = true;
+  showNotFound("There is no fleet page for this key: it needs an admin key.");
 }
 
 async function loop() {
-  await refreshFleet();
-  setTimeout(loop, FLEET_REFRESH_MS);
+  if (await refreshFleet()) setTimeout(loop, FLEET_REFRESH_MS);
+}
+
+async function startFleet() {
+  let key;
+  try {
+    key = await showIdentity();
+  } catch (error) {
+    document.getElementById("refreshed").textContent = `refresh failed: ${error.message}`;
+    setTimeout(startFleet, FLEET_REFRESH_MS);
+    return;
+  }
+  if (!key.admin) {
+    notForThisKey();
+    return;
+  }
+  document.getElementById("fleet").hidden = false;
+  loop();
 }
 
 minutesChoice.addEventListener("change", () => refreshFleet());
@@ -265,7 +342,4 @@ window.addEventListener("resize", () => {
   resizeTimer = setTimeout(() => { if (lastBody) drawCharts(lastBody); }, 150);
 });
 
-if (apiKey()) {
-  showIdentity().catch(() => {});
-  loop();
-}
+if (apiKey()) startFleet();

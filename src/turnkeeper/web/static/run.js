@@ -43,7 +43,7 @@ function marker(seq, chunk, name, text, extra) {
 function messageBox(id, kind) {
   let box = messages.get(id);
   if (!box) {
-    box = el("div", { class: kind === "reasoning" ? "msg reasoning" : "msg" });
+    box = el("div", { class: kind === "reasoning" ? "msg reasoning" : "msg", dir: "auto" });
     messages.set(id, box);
     conversation.append(box);
   }
@@ -182,7 +182,9 @@ function takeoverText(previous, attempt) {
   else if (attempt.handover_seconds !== null) {
     wait = ` ${attempt.handover_seconds.toFixed(1)} s after the handover`;
   }
-  return `worker ${previous.owner} stopped${cause ? ` (${cause})` : ""}; ` +
+  // Only an admin key is told which worker (host:pid:token) owned the run.
+  const worker = previous.owner ? `worker ${previous.owner}` : "its worker";
+  return `${worker} stopped${cause ? ` (${cause})` : ""}; ` +
     `epoch ${attempt.epoch} took over${wait}; nothing was replayed to you`;
 }
 
@@ -327,36 +329,71 @@ function field(name, value) {
 
 function showSummary(run) {
   const href = `/ui/sessions/${encodeURIComponent(run.session_id)}`;
+  const live = run.status === "queued" || run.status === "running";
+  const step = phaseText(run);
   const cells = [
     field("status", statusPill(run.status)),
-    field("phase", run.phase || "-"),
+    ...(step ? [field("step", step)] : []),
     field("epoch", run.epoch),
     field("attempts", `${run.attempt_count}/${run.max_attempts}`),
-    field("owner", run.owner || "-"),
-    field("lease", leaseText(run)),
+    ...(run.status === "running" && run.owner ? [field("owner", ownerNode(run.owner))] : []),
+    ...(run.status === "running" ? [field("lease", leaseText(run))] : []),
     field("agent", run.agent || "-"),
-    field("session", el("a", { href, id: "session-link" }, run.session_id)),
+    field("session", el("a", { href, id: "session-link", dir: "auto" }, run.session_id)),
+    ...(run.key_name ? [field("key", run.key_name)] : []),
     field("created", fullTime(run.created_at)),
-    field("finished", fullTime(run.finished_at)),
+    field("started", fullTime(run.started_at)),
+    ...(live ? [] : [field("finished", fullTime(run.finished_at))]),
+    field("duration", durationText(run.duration_seconds)),
   ];
-  if (run.key_name) cells.splice(8, 0, field("key", run.key_name));
-  if (run.error) {
-    const error = field("error", typeof run.error === "string" ? run.error : JSON.stringify(run.error));
-    error.classList.add("wide", "error");
-    cells.push(error);
-  }
   document.getElementById("summary").replaceChildren(...cells);
-  const live = run.status === "queued" || run.status === "running";
+  showFailure(run);
   cancelButton.hidden = !live;
   if (live && run.cancel_requested_at) cancelLabel("cancelling…", true);
   document.body.dataset.status = run.status;
 }
 
+// Why a run failed, in words: its reason and message, the agent's exit code, what its
+// limits stopped, and the end of what it wrote to stderr (as text, never as JSON).
+function showFailure(run) {
+  const box = document.getElementById("failure");
+  const error = run.error;
+  if (!error || run.status === "completed") {
+    box.hidden = true;
+    return;
+  }
+  const parts = [el("p", { class: "failure-reason", dir: "auto" }, errorText(error))];
+  if (typeof error === "object") {
+    if (Number.isInteger(error.exit_code) && error.reason !== "agent-exit") {
+      parts.push(el("p", { class: "failure-exit" }, `the agent's exit code: ${error.exit_code}`));
+    }
+    if (error.limits && typeof error.limits === "object") {
+      const hit = Object.entries(error.limits)
+        .map(([name, value]) => `${String(name).replace(/_/g, " ")} ${value}`).join(", ");
+      if (hit) parts.push(el("p", { class: "failure-limits" }, `limits hit: ${hit}`));
+    }
+    if (typeof error.stderr === "string" && error.stderr.trim()) {
+      const details = el("details", { class: "failure-stderr" });
+      details.append(el("summary", {}, "the end of the agent's stderr"), el("pre", { dir: "auto" }, error.stderr));
+      parts.push(details);
+    }
+  }
+  const open = box.querySelector("details")?.open;
+  box.replaceChildren(...parts);
+  if (open) box.querySelector("details").open = true;
+  box.hidden = false;
+}
+
 function showPrompt(run) {
   const box = document.getElementById("prompt");
   if (typeof run.prompt !== "string") return;
-  box.replaceChildren(withIcon("div", { class: "who" }, "user", "prompt"), el("div", { class: "msg user" }, run.prompt));
+  box.replaceChildren(withIcon("div", { class: "who" }, "user", "prompt"), el("div", { class: "msg user", dir: "auto" }, run.prompt));
   box.hidden = false;
+}
+
+function cellWith(td, node) {
+  td.append(node);
+  return td;
 }
 
 function showAttempts(run) {
@@ -366,7 +403,7 @@ function showAttempts(run) {
     const cause = attempt.handover_cause ? ` (${attempt.handover_cause})` : "";
     row.append(
       el("td", { "data-label": "attempt" }, attempt.attempt),
-      el("td", { "data-label": "owner", class: "owner" }, attempt.owner),
+      cellWith(el("td", { "data-label": "owner", class: "owner" }), ownerNode(attempt.owner)),
       el("td", { "data-label": "epoch" }, attempt.epoch),
       el("td", { "data-label": "started" }, fullTime(attempt.started_at)),
       el("td", { "data-label": "ended" }, fullTime(attempt.ended_at)),
@@ -426,16 +463,25 @@ document.getElementById("raw-toggle").addEventListener("click", (event) => {
 async function start() {
   document.getElementById("run-id").textContent = runId;
   document.title = `turnkeeper: ${runId}`;
+  let run;
   try {
-    const run = await getJSON(apiUrl);
-    showPrompt(run);
-    showRun(run);
-    connect(run.stream_url);
-    setTimeout(refreshRun, REFRESH_MS);
+    run = await getJSON(apiUrl);
   } catch (error) {
-    streamState.textContent = error.status === 404
-      ? `No run “${runId}” is visible to this key.` : error.message;
+    if (error.status === 404 || error.status === 400) {
+      // Another tenant's run is a 404 like a run that does not exist: a plain page.
+      showNotFound(`No run “${runId}” is visible to this key: it does not exist, or another key owns it.`);
+      return;
+    }
+    document.getElementById("run-main").hidden = false;
+    streamState.textContent = error.message;
+    setTimeout(start, REFRESH_MS);
+    return;
   }
+  document.getElementById("run-main").hidden = false;
+  showPrompt(run);
+  showRun(run);
+  connect(run.stream_url);
+  setTimeout(refreshRun, REFRESH_MS);
 }
 
 document.getElementById("raw-toggle").prepend(icon("raw"));
