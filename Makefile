@@ -11,7 +11,7 @@ PYTEST_WORKERS ?= 4
 # `make demo DEMO_FLAGS=` keeps the stack and the dashboard up until Ctrl-C.
 DEMO_FLAGS ?= --exit
 
-.PHONY: demo test lint system-deps clean
+.PHONY: demo test test-fast lint system-deps clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ demo: $(INSTALLED)
 
 test: $(INSTALLED) system-deps
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --durations=25 -p no:cacheprovider
+
+# The first two tiers (tests/tiers.py): no jail, no worker process, nothing slow.
+test-fast: $(INSTALLED)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) -m "(pure or store) and not slow and not soak" -p no:cacheprovider
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

@@ -26,6 +26,8 @@ from turnkeeper.config import Settings, plain_postgres_url
 from turnkeeper.embedded import EmbeddedStack
 from turnkeeper.store import migration
 
+pytest_plugins = ["tests.tiers"]
+
 _STARTED_KEY = "_turnkeeper_started_servers"
 TEST_SECRET = "turnkeeper-test-secret-" + "0123456789abcdef" * 2
 _TEMPLATE_LOCK = 0x746B746D706C  # "tktmpl"

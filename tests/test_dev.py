@@ -21,6 +21,8 @@ import pytest
 from turnkeeper.embedded import EmbeddedStack
 from turnkeeper.web.serve import free_port
 
+pytestmark = pytest.mark.fleet  # each test starts `turnkeeper dev`
+
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 

@@ -91,6 +91,7 @@ def _run(
 
 
 @pytest.mark.slow
+@pytest.mark.fleet  # the README's demo
 @pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "turnkeeper").exists(), reason="no .venv")
 def test_the_readme_blocks_run_as_written(tmp_path: Path) -> None:
     blocks = shell_blocks(ROOT / "README.md")
@@ -103,6 +104,7 @@ def test_the_readme_blocks_run_as_written(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.fleet  # the blocks run against `turnkeeper dev`
 @pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "turnkeeper").exists(), reason="no .venv")
 def test_the_api_doc_blocks_run_in_order(tmp_path: Path) -> None:
     port = free_port()
@@ -145,6 +147,7 @@ def agent_clis() -> AgentClis:
 
 
 @pytest.mark.slow
+@pytest.mark.fleet
 @pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "turnkeeper").exists(), reason="no .venv")
 def test_the_agents_walkthrough_runs_claude_code_against_a_scripted_model(
     tmp_path: Path, agent_clis: AgentClis

@@ -209,6 +209,8 @@ def test_twenty_owners_killed_at_once_are_each_taken_over_once(
         owned = list(pool.map(lambda run: mid_run(fleet, run.run_id, chunks=4), runs))
     owners = {owner_pid(str(r.owner)) for r in owned}
     assert owners == {p.pid for p in first}, "ten runs in each of the two processes"
+    # The leases as they stand at the kill (a heartbeat renewed them since each was seen).
+    owned = [fleet.client.require(run.run_id) for run in runs]
     for proc in first:
         os.killpg(proc.pid, signal.SIGKILL)
     for proc in first:

@@ -30,6 +30,7 @@ LEAST_WITH_SSH = {"ssh-cut": 1}
 
 
 @pytest.mark.soak
+@pytest.mark.fleet  # bench/soak.py starts its own
 @pytest.mark.timeout(1800)
 def test_a_two_minute_soak_loses_nothing(tmp_path: Path) -> None:
     report_path = tmp_path / "soak.json"
