@@ -43,6 +43,7 @@ import structlog
 
 from _fleet import BenchFleet, bench_fleet, percentile
 from turnkeeper.client import Client
+from turnkeeper.driver.replay import StoredLog
 from turnkeeper.logconfig import configure_logging
 from turnkeeper.owner import owner_pid
 from turnkeeper.store.records import Claim
@@ -201,7 +202,7 @@ def watcher_load(seconds: float) -> dict[int, tuple[float, float, float]]:
     figures: dict[int, tuple[float, float, float]] = {}
     for running in LOADS:
         with tempfile.TemporaryDirectory() as tmp, bench_fleet(Path(tmp)) as fleet:
-            rt = WorkerRuntime.open(fleet.settings)
+            rt = WorkerRuntime.open(fleet.settings, StoredLog)
             url = fleet.settings.require_database_url()
             owner = OwnerLockSession(url, owner="bench", lease_ttl=3600.0)
             claims = _running_runs(rt, running)
@@ -282,7 +283,7 @@ def _sweep_ms(rt: WorkerRuntime, url: str, sweeps: int = 20) -> float:
 
 def owner_retakes(drops: int) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp, bench_fleet(Path(tmp)) as fleet:
-        rt = WorkerRuntime.open(fleet.settings)
+        rt = WorkerRuntime.open(fleet.settings, StoredLog)
         url = fleet.settings.require_database_url()
         claims = _running_runs(rt, 10)
         locks = OwnerLocks(rt.store, OwnerLockSession(url, owner="bench", lease_ttl=3600.0))

@@ -22,7 +22,7 @@ import uuid
 
 import redis
 
-from turnkeeper.agents import translator_for
+from turnkeeper.agents.formats import translator_for
 from turnkeeper.log import Aligner, RunLog
 from turnkeeper.logconfig import configure_logging
 

@@ -72,8 +72,8 @@ from tests.sandboxes import release_sandboxes
 from tests.sshd import Sshd, sshd_unavailable
 
 from _fleet import BenchFleet, bench_fleet
+from turnkeeper.agents.formats import translator_for
 from turnkeeper.agents.spec import AgentSpec
-from turnkeeper.agents.translator import translator_for
 from turnkeeper.chunks import Chunk
 from turnkeeper.client import Client
 from turnkeeper.config import load_settings, plain_postgres_url

@@ -25,8 +25,7 @@ import psycopg
 import structlog
 
 from turnkeeper.config import plain_postgres_url
-from turnkeeper.store import Store, Verdict, migration
-from turnkeeper.store import queries as q
+from turnkeeper.store import Store, Verdict, migration, sql
 
 
 def _psycopg_sql(statement: object) -> str:
@@ -36,7 +35,7 @@ def _psycopg_sql(statement: object) -> str:
 
 
 PLAIN = {
-    name: _psycopg_sql(getattr(q, name))
+    name: _psycopg_sql(sql.statements()[name.lower()])
     for name in ("CLAIM_RUN", "BEGIN_TURN_SLOT", "UPDATE_PHASE", "COMMIT_TURN_SLOT", "SETTLE_RUN")
 }
 
@@ -59,7 +58,7 @@ def ours_cycle(store: Store, run_id: str) -> None:
 
 def plain_cycle(conn: psycopg.Connection[tuple[object, ...]], run_id: str) -> None:
     attempt = uuid.uuid4().hex
-    base = {"run_id": run_id, "attempt_id": attempt}
+    base = {"run_id": run_id, "attempt_id": attempt, "turn_index": 0}
     row = conn.execute(PLAIN["CLAIM_RUN"], {**base, "owner": "bench", "lease_ttl": 30.0}).fetchone()
     assert row is not None
     assert conn.execute(
@@ -92,7 +91,8 @@ def plain_cycle(conn: psycopg.Connection[tuple[object, ...]], run_id: str) -> No
     ).fetchone()
     assert conn.execute(PLAIN["COMMIT_TURN_SLOT"], {**base, "committed_leaf_id": "leaf"}).fetchone()
     assert conn.execute(
-        PLAIN["SETTLE_RUN"], {**base, "status": "completed", "error": None}
+        PLAIN["SETTLE_RUN"],
+        {**base, "status": "completed", "error": None, "agent_session_id": None},
     ).fetchone()
 
 

@@ -85,10 +85,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test's tier, then order the suite heaviest first: the long fleet tests
+    start at once on every xdist worker and the thousand short ones fill the gaps at
+    the end, instead of one long test started last keeping a worker busy alone."""
     for item in items:
         tier = tier_of(item)
         if item.get_closest_marker(tier) is None:
             item.add_marker(tier)
+    items.sort(key=_weight)  # stable: a module's tests stay together within a rank
+
+
+def _weight(item: pytest.Item) -> int:
+    marked = {name for name in ("soak", "slow", *TIERS) if item.get_closest_marker(name)}
+    tier = max(TIERS.index(name) for name in marked & set(TIERS))
+    return (0 if "soak" in marked else 1) * 10 - tier * 2 - ("slow" in marked)
 
 
 _current: list[pytest.Item] = []

@@ -30,13 +30,13 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypedDict, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar, Unpack
 
 from uuid6 import uuid7
 
 from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
-from turnkeeper.conversation import AsyncSession, Session
+from turnkeeper.conversation import AsyncSession, RunFilters, Session, SubmitOptions
 from turnkeeper.envelope import EnvSealer
 from turnkeeper.errors import (
     AgentError,
@@ -338,28 +338,6 @@ class _StoredLogSource:
 
             self._stored = StoredLog(self.store)
         return self._stored.origin(run_id)
-
-
-class SubmitOptions(TypedDict, total=False):
-    """The keyword options of ``Client.submit`` (and of ``AsyncClient.submit``)."""
-
-    session_id: str | None
-    run_id: str | None
-    env: Mapping[str, str] | None
-    provider: str | None
-    max_attempts: int | None
-    timeout: float | None
-    key_name: str | None
-    from_entry: str | None
-
-
-class RunFilters(TypedDict, total=False):
-    """The keyword options of ``Client.list_runs``."""
-
-    status: str | None
-    session_id: str | None
-    key_name: str | None
-    limit: int
 
 
 _P = ParamSpec("_P")

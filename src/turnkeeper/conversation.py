@@ -16,23 +16,74 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypedDict, TypeVar, Unpack
 
 from turnkeeper.chunks import Chunk
 from turnkeeper.store.records import Run, TranscriptEntry
 
-if TYPE_CHECKING:  # the client builds sessions; a session never builds a client
-    from turnkeeper.client import AsyncClient, Client
-
-ClientT = TypeVar("ClientT", "Client", "AsyncClient")
 SESSION_RUNS_LIMIT = 1000
+
+
+class SubmitOptions(TypedDict, total=False):
+    """The keyword options of ``Client.submit`` (and of ``AsyncClient.submit``)."""
+
+    session_id: str | None
+    run_id: str | None
+    env: Mapping[str, str] | None
+    provider: str | None
+    max_attempts: int | None
+    timeout: float | None
+    key_name: str | None
+    from_entry: str | None
+
+
+class RunFilters(TypedDict, total=False):
+    """The keyword options of ``Client.list_runs``."""
+
+    status: str | None
+    session_id: str | None
+    key_name: str | None
+    limit: int
+
+
+# What a session needs of its client: the client builds sessions, a session never
+# builds a client (nor imports one).
+class SessionClient(Protocol):
+    """The calls a ``Session`` makes (``turnkeeper.client.Client`` has them)."""
+
+    def submit(
+        self, agent: str | Mapping[str, Any], prompt: str, **options: Unpack[SubmitOptions]
+    ) -> Run: ...
+    def require(self, run_id: str) -> Run: ...
+    def events(
+        self, run_id: str, after: int = 0, *, follow: bool = True
+    ) -> Iterator[tuple[int, Chunk]]: ...
+    def transcript(self, session_id: str) -> list[TranscriptEntry]: ...
+    def list_runs(self, **filters: Unpack[RunFilters]) -> list[Run]: ...
+
+
+class AsyncSessionClient(Protocol):
+    """The calls an ``AsyncSession`` makes (``turnkeeper.client.AsyncClient`` has them)."""
+
+    async def submit(
+        self, agent: str | Mapping[str, Any], prompt: str, **options: Unpack[SubmitOptions]
+    ) -> Run: ...
+    async def require(self, run_id: str) -> Run: ...
+    def events(
+        self, run_id: str, after: int = 0, *, follow: bool = True
+    ) -> AsyncIterator[tuple[int, Chunk]]: ...
+    async def transcript(self, session_id: str) -> list[TranscriptEntry]: ...
+    async def list_runs(self, **filters: Unpack[RunFilters]) -> list[Run]: ...
+
+
+ClientT = TypeVar("ClientT", SessionClient, AsyncSessionClient)
 
 
 @dataclass
 class Reply:
     """A message sent: its run, and its events as they come."""
 
-    client: Client
+    client: SessionClient
     run: Run
 
     def events(self, after: int = 0, *, follow: bool = True) -> Iterator[tuple[int, Chunk]]:
@@ -72,7 +123,7 @@ class _Conversation(Generic[ClientT]):
 
 
 @dataclass
-class Session(_Conversation["Client"]):
+class Session(_Conversation[SessionClient]):
     """One conversation: ``send`` submits its next message with the session's agent and
     options (each ``send`` may override them)."""
 
@@ -104,7 +155,7 @@ class Session(_Conversation["Client"]):
 class AsyncReply:
     """``Reply`` on ``AsyncClient``: ``async for seq, chunk in reply``."""
 
-    client: AsyncClient
+    client: AsyncSessionClient
     run: Run
 
     def events(self, after: int = 0, *, follow: bool = True) -> AsyncIterator[tuple[int, Chunk]]:
@@ -120,7 +171,7 @@ class AsyncReply:
 
 
 @dataclass
-class AsyncSession(_Conversation["AsyncClient"]):
+class AsyncSession(_Conversation[AsyncSessionClient]):
     """``Session`` on ``AsyncClient``: ``await chat.send(prompt)``."""
 
     async def send(

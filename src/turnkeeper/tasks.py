@@ -32,6 +32,7 @@ from kombu import Queue
 from turnkeeper import reconciler
 from turnkeeper.config import Settings
 from turnkeeper.driver import attempt
+from turnkeeper.driver.replay import StoredLog
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.hosts import route_takeover, run_host
 from turnkeeper.queues import (
@@ -74,7 +75,7 @@ def _register_tasks(app: Celery, settings: Settings, *, announce: bool) -> None:
     @app.task(name=RUN_TURN, shared=False)
     @tallied(RUN_TURN)
     def run_turn(run_id: str) -> None:
-        runtime = runtime_for(settings)
+        runtime = runtime_for(settings, StoredLog)
         # A run of a session whose workspace is on another live host goes on there.
         host = run_host(runtime.store, settings, run_id)
         if host is not None and host != settings.host_id:
@@ -89,7 +90,7 @@ def _register_tasks(app: Celery, settings: Settings, *, announce: bool) -> None:
     @app.task(name=TAKEOVER, shared=False)
     @tallied(TAKEOVER)
     def takeover(run_id: str, attempt_id: str, epoch: int) -> None:
-        runtime = runtime_for(settings)
+        runtime = runtime_for(settings, StoredLog)
         # A message on the wrong queue (sent before the host of the run's sandbox was
         # known to be alive, or by an older sender) goes on to that host's queue.
         host = route_takeover(runtime.store, settings, run_id)
@@ -104,14 +105,14 @@ def _register_tasks(app: Celery, settings: Settings, *, announce: bool) -> None:
 
     @app.task(name=RECONCILE, shared=False)
     def reconcile() -> None:
-        runtime = runtime_for(settings)
+        runtime = runtime_for(settings, StoredLog)
         reconciler.reconcile(runtime, **enqueuers(app, settings, runtime.store))
 
     @app.task(name=REAP, shared=False)
     def reap() -> None:
         """The fleet's share here, then each live host its own, on its queue; and the
         queues of dead hosts emptied."""
-        runtime = runtime_for(settings)
+        runtime = runtime_for(settings, StoredLog)
         reconciler.reap_fleet(runtime)
         for host in runtime.store.live_hosts(settings.host_dead_after):
             send_prioritised(
@@ -130,11 +131,11 @@ def _register_tasks(app: Celery, settings: Settings, *, announce: bool) -> None:
         if host_id != settings.host_id:  # a queue only this host's workers consume
             log.warning("reap.wrong_host", host=host_id, here=settings.host_id)
             return
-        reconciler.reap_host(runtime_for(settings))
+        reconciler.reap_host(runtime_for(settings, StoredLog))
 
     @app.task(name=PRUNE, shared=False)
     def prune() -> None:
-        reconciler.prune(runtime_for(settings))
+        reconciler.prune(runtime_for(settings, StoredLog))
 
     _open_runtimes_in_task_processes(app, settings, announce=announce)
 
@@ -146,7 +147,7 @@ def _open_runtimes_in_task_processes(app: Celery, settings: Settings, *, announc
         make_undumpable()  # inherited from the parent already; said again for any pool kind
         # Connections belong to the process that runs the tasks, opened there; its
         # beacon says its host is alive, and carries drain orders for its worker.
-        runtime = runtime_for(settings)
+        runtime = runtime_for(settings, StoredLog)
         if main_pid is None or not announce:
             return
         if not serves_host_queue(app, settings):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from turnkeeper.agents import translator_for
+from turnkeeper.agents.formats import translator_for
 from turnkeeper.chunks import Chunk, validate_chunk
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

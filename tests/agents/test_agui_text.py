@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from turnkeeper.agents import translator_for
+from turnkeeper.agents.formats import translator_for
 
 
 def test_agui_lines_pass_through_lifecycle_is_the_drivers_and_invalid_is_raw() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 
 from tests.agents.helpers import fixture, translate_all
-from turnkeeper.agents import translator_for
+from turnkeeper.agents.formats import translator_for
 
 R = "run-1"
 

@@ -13,9 +13,9 @@ import orjson
 import pytest
 
 from tests.agents.helpers import translate_all
-from turnkeeper.agents import TurnEvent, TurnTracker
 from turnkeeper.agents.chores import CHORES, Plan
 from turnkeeper.agents.spec import AgentSpec
+from turnkeeper.agents.translator import TurnEvent, TurnTracker
 
 DEMO_PROMPT = "Tidy the workspace and take notes"
 

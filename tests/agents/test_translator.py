@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.agents.helpers import fixture, translate_all
-from turnkeeper.agents import TurnEvent, TurnTracker, formats, translator_for
+from turnkeeper.agents.formats import formats, translator_for
+from turnkeeper.agents.translator import TurnEvent, TurnTracker
 from turnkeeper.chunks import encode_chunk, validate_chunk
 from turnkeeper.errors import UnknownAgentError
 

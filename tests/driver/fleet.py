@@ -25,8 +25,8 @@ import psycopg
 
 import turnkeeper
 from tests.sandboxes import release_sandboxes
+from turnkeeper.agents.formats import translator_for
 from turnkeeper.agents.spec import AgentSpec
-from turnkeeper.agents.translator import translator_for
 from turnkeeper.chunks import Chunk
 from turnkeeper.client import Client
 from turnkeeper.config import Settings, plain_postgres_url

@@ -21,6 +21,7 @@ from tests.driver.fleet import Fleet, expected_log
 from tests.driver.test_outages import RABBITMQ
 from turnkeeper import reconciler
 from turnkeeper.config import Settings
+from turnkeeper.driver.replay import StoredLog
 from turnkeeper.queues import control_queue, enqueue_takeover, turns_queue
 from turnkeeper.store.records import Run, RunStatus
 from turnkeeper.tasks import create_app
@@ -100,7 +101,7 @@ def test_a_takeover_waits_for_a_slot_on_a_saturated_fleet(
 def _hand_over_a_dead_run(fleet: Fleet, agent: dict[str, Any]) -> tuple[Run, str, int]:
     """A run whose owner 'died' at once (a lease of 50 ms, nothing started), handed over
     by one reconcile whose takeover message is kept, not sent."""
-    rt = WorkerRuntime.open(fleet.settings)
+    rt = WorkerRuntime.open(fleet.settings, StoredLog)
     try:
         run, _ = rt.store.admit_run(
             "handed", "handed", {"agent": agent, "prompt": PROMPT}, max_attempts=5, deadline=None

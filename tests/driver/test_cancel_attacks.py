@@ -26,8 +26,8 @@ from turnkeeper.client import Client
 from turnkeeper.config import Settings, plain_postgres_url
 from turnkeeper.driver import lifecycle
 from turnkeeper.owner import new_owner
-from turnkeeper.store.queries import CANCEL_CHANNEL
 from turnkeeper.store.records import Claim, RunStatus
+from turnkeeper.store.sql.owner_locks import CANCEL_CHANNEL
 from turnkeeper.store.store import Store
 from turnkeeper.workers.cancel_listener import CancelListener
 from turnkeeper.workers.lease import LeaseKeeper

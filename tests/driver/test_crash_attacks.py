@@ -24,14 +24,15 @@ from tests.driver.test_crash_takeover import attempts, handed_over_at, mid_run
 from tests.driver.test_crash_watcher import _running, _terminate, _wait
 from tests.driver.test_takeover import AGENT, PROMPT, _assert_log_is_oracle, _assert_transcript_once
 from turnkeeper.config import Settings
+from turnkeeper.driver.replay import StoredLog
 from turnkeeper.embedded.ports import free_port
 from turnkeeper.embedded.postgres import EmbeddedPostgres
 from turnkeeper.errors import StoreUnavailableError
 from turnkeeper.owner import owner_pid, session_name
 from turnkeeper.store import migration
-from turnkeeper.store.queries import LOCKS_SESSION_PREFIX, OWNER_LOCK_SPACE
 from turnkeeper.store.records import Claim, RunStatus
 from turnkeeper.store.session import OwnerLockSession, WatchSession
+from turnkeeper.store.sql.statement import LOCKS_SESSION_PREFIX, OWNER_LOCK_SPACE
 from turnkeeper.watcher import CrashWatcher
 from turnkeeper.workers.failpoints import marker
 from turnkeeper.workers.owner_locks import OwnerLocks
@@ -167,7 +168,7 @@ def _wait_for(predicate: Any, fleet: Fleet) -> None:
 
 @pytest.fixture
 def runtime(settings: Settings) -> Iterator[WorkerRuntime]:
-    rt = WorkerRuntime.open(settings.model_copy(update={"lease_ttl": 30.0}))
+    rt = WorkerRuntime.open(settings.model_copy(update={"lease_ttl": 30.0}), StoredLog)
     yield rt
     rt.close()
 
@@ -270,6 +271,7 @@ def test_a_run_readopted_by_the_same_process_holds_its_lock_once(
 # --- the watcher killed mid-handover; two watchers at once ------------------------------
 
 
+@pytest.mark.slow
 def test_a_watcher_killed_between_handover_and_message_loses_nothing(
     settings: Settings, tmp_path: Path
 ) -> None:

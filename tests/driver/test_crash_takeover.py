@@ -134,6 +134,7 @@ def _terminate_connections_of(fleet: Fleet, pid: int) -> int:
     return len(rows)
 
 
+@pytest.mark.slow
 def test_dropping_the_owners_connections_loses_and_doubles_nothing(
     default_fleet: Fleet, tmp_path: Path
 ) -> None:

@@ -17,6 +17,7 @@ import pytest
 from tests.driver.test_takeover import AGENT, PROMPT
 from turnkeeper import reconciler
 from turnkeeper.config import Settings
+from turnkeeper.driver.replay import StoredLog
 from turnkeeper.errors import StoreUnavailableError
 from turnkeeper.store.records import Claim
 from turnkeeper.store.session import LockSession, OwnerLockSession, WatchSession
@@ -33,7 +34,7 @@ T = TypeVar("T", LockSession, CrashWatcher)
 
 @pytest.fixture
 def runtime(settings: Settings) -> Iterator[WorkerRuntime]:
-    rt = WorkerRuntime.open(settings.model_copy(update={"lease_ttl": LEASE}))
+    rt = WorkerRuntime.open(settings.model_copy(update={"lease_ttl": LEASE}), StoredLog)
     yield rt
     while _opened:
         _opened.pop().close()

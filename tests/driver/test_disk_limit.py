@@ -101,6 +101,7 @@ def _workspace_root(fleet: Fleet, session_id: str) -> Path:
     return Path(str(workspace.sandbox["root"]))
 
 
+@pytest.mark.slow
 def test_an_agent_past_its_disk_limit_fails_its_run_and_no_other(
     settings: Settings, tmp_path: Path
 ) -> None:

@@ -15,12 +15,13 @@ from collections.abc import Iterator
 import pytest
 
 from turnkeeper.config import Settings
+from turnkeeper.driver.replay import StoredLog
 from turnkeeper.workers.runtime import WorkerRuntime
 
 
 @pytest.fixture
 def runtime(settings: Settings) -> Iterator[WorkerRuntime]:
-    rt = WorkerRuntime.open(settings)
+    rt = WorkerRuntime.open(settings, StoredLog)
     yield rt
     rt.close()
 

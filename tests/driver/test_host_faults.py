@@ -133,6 +133,7 @@ def test_a_worker_that_serves_no_host_queue_does_not_keep_its_host_alive(
     _assert_one_agent_process(a, done)
 
 
+@pytest.mark.slow
 def test_a_host_back_from_a_partition_ends_the_agent_its_run_left_behind(
     make_host: MakeHost,
 ) -> None:

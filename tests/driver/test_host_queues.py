@@ -16,6 +16,7 @@ import redis
 
 from turnkeeper import reconciler
 from turnkeeper.config import Settings
+from turnkeeper.driver.replay import StoredLog
 from turnkeeper.queues import REAP, TAKEOVER, enqueuers, host_queue, turns_queue
 from turnkeeper.store.records import Verdict
 from turnkeeper.tasks import create_app
@@ -29,7 +30,7 @@ DEAD_AFTER = 1.0
 def runtime(settings: Settings) -> Iterator[WorkerRuntime]:
     # Beat runs elsewhere: this process is no host the test's runs are on.
     update = {"host_id": "beat-host", "host_dead_after": DEAD_AFTER}
-    rt = WorkerRuntime.open(settings.model_copy(update=update))
+    rt = WorkerRuntime.open(settings.model_copy(update=update), StoredLog)
     yield rt
     rt.close()
 

@@ -29,10 +29,11 @@ from tests.driver.fleet import Fleet
 from tests.driver.test_log_loss import lose_logs
 from tests.log.test_rebuild import LINES, Owner, _admit
 from turnkeeper import reconciler
-from turnkeeper.agents.translator import translator_for
+from turnkeeper.agents.formats import translator_for
 from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
 from turnkeeper.driver import lifecycle
+from turnkeeper.driver.replay import StoredLog
 from turnkeeper.errors import SequenceConflictError
 from turnkeeper.log import RunLog
 from turnkeeper.log.entries import LogState
@@ -229,7 +230,7 @@ class RacingLog(RunLog):
 
 @pytest.fixture
 def runtimes(settings: Settings) -> Iterator[list[WorkerRuntime]]:
-    opened = [WorkerRuntime.open(settings) for _ in range(3)]
+    opened = [WorkerRuntime.open(settings, StoredLog) for _ in range(3)]
     yield opened
     for runtime in opened:
         runtime.close()

@@ -98,6 +98,7 @@ def test_redis_down_mid_run_costs_no_attempt(
         fleet.stop()
 
 
+@pytest.mark.slow
 def test_redis_down_at_settle_with_the_owner_killed(
     settings: Settings, log_redis: LogRedis, tmp_path: Path
 ) -> None:

@@ -9,6 +9,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.driver.fleet import Fleet, expected_log, follow_up_prompt
 from turnkeeper.chunks import Chunk
 from turnkeeper.sandbox.command import MAX_ARGUMENT_BYTES
@@ -38,6 +40,7 @@ def test_every_message_of_a_long_conversation_runs(fleet: Fleet, tmp_path: Path)
     assert cut == [False, False, True, True]  # once the recalled turns outgrew the argument
 
 
+@pytest.mark.slow
 def test_a_cut_follow_up_taken_over_mid_run_is_handed_the_same_prompt(
     fleet: Fleet, tmp_path: Path
 ) -> None:

@@ -48,8 +48,8 @@ from tests.driver.fleet import (
     wait_held,
 )
 from tests.driver.test_takeover import _assert_segments_whole, _attempts
+from turnkeeper.agents.formats import translator_for
 from turnkeeper.agents.spec import AgentSpec
-from turnkeeper.agents.translator import translator_for
 from turnkeeper.config import Settings
 from turnkeeper.store.records import Run, RunStatus, TurnPhase, TurnSlot
 from turnkeeper.workers.failpoints import release
@@ -411,7 +411,7 @@ def _statement(marker: bytes) -> Callable[[bytes], bool]:
     return lambda request: marker in request
 
 
-COMMIT_TURN = _statement(b"open_turn AS")  # only store.queries.COMMIT_TURN says this
+COMMIT_TURN = _statement(b"open_turn AS")  # only store.sql.turn_slot.COMMIT_TURN says this
 SETTLE_RUN = _statement(b"agent_session_id = COALESCE")  # only SETTLE_RUN
 
 

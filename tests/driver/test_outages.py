@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import psycopg
+import pytest
 import redis
 from kombu import Connection
 
@@ -45,6 +46,7 @@ def test_dropped_database_connections_are_retried_not_fatal(
     assert [chunk for _, chunk in fleet.log_of(run.run_id)] == oracle
 
 
+@pytest.mark.slow
 def test_the_broker_restarted_mid_turn(settings: Settings, tmp_path: Path) -> None:
     broker = EmbeddedRedis(tmp_path / "broker")
     port = free_port()

@@ -10,6 +10,7 @@ import pytest
 from turnkeeper.config import Settings
 from turnkeeper.driver.output import RunOutput
 from turnkeeper.driver.ownership import Ownership
+from turnkeeper.driver.replay import StoredLog
 from turnkeeper.errors import JournalReplayDivergedError, OwnershipLostError
 from turnkeeper.store.records import Claim
 from turnkeeper.workers.runtime import WorkerRuntime
@@ -19,7 +20,7 @@ CHUNKS = [{"type": "CUSTOM", "name": "n", "value": i} for i in range(3)]
 
 @pytest.fixture
 def claim_and_runtime(settings: Settings) -> Iterator[tuple[Claim, WorkerRuntime]]:
-    rt = WorkerRuntime.open(settings)
+    rt = WorkerRuntime.open(settings, StoredLog)
     # The append path alone: a log with no source, made empty by its first fence (one
     # with a source is made by a rebuild from Postgres, with the run's RUN_STARTED).
     rt.log.source = None

@@ -14,6 +14,7 @@ from tests.driver.fleet import Fleet
 from tests.driver.test_takeover import AGENT, PROMPT
 from turnkeeper import reconciler
 from turnkeeper.config import Settings
+from turnkeeper.driver.replay import StoredLog
 from turnkeeper.embedded.ports import free_port
 from turnkeeper.store.records import RunStatus, Verdict
 from turnkeeper.workers.runtime import WorkerRuntime
@@ -21,7 +22,9 @@ from turnkeeper.workers.runtime import WorkerRuntime
 
 @pytest.fixture
 def runtime(settings: Settings) -> Iterator[WorkerRuntime]:
-    rt = WorkerRuntime.open(settings.model_copy(update={"lease_ttl": 5.0, "requeue_after": 0.2}))
+    rt = WorkerRuntime.open(
+        settings.model_copy(update={"lease_ttl": 5.0, "requeue_after": 0.2}), StoredLog
+    )
     yield rt
     rt.close()
 
@@ -43,7 +46,7 @@ def test_ten_reconcilers_racing_hand_a_run_over_once(settings: Settings) -> None
     # requeue_after far above the race: a pass that starts late must not find the
     # message already stale and send it again (that is redispatch, tested below).
     runtime = WorkerRuntime.open(
-        settings.model_copy(update={"lease_ttl": 5.0, "requeue_after": 60.0})
+        settings.model_copy(update={"lease_ttl": 5.0, "requeue_after": 60.0}), StoredLog
     )
     try:
         _race_hands_over_once(runtime)
@@ -122,7 +125,9 @@ def test_duplicate_takeover_messages_adopt_once(runtime: WorkerRuntime) -> None:
 def test_a_pass_does_not_send_again_what_it_has_just_handed_over(settings: Settings) -> None:
     """However long fencing and sending take (requeue_after 0 stands for a slow pass),
     the run handed over in a pass gets one message from it, not a second at once."""
-    rt = WorkerRuntime.open(settings.model_copy(update={"lease_ttl": 5.0, "requeue_after": 0.0}))
+    rt = WorkerRuntime.open(
+        settings.model_copy(update={"lease_ttl": 5.0, "requeue_after": 0.0}), StoredLog
+    )
     try:
         _expired_run(rt, "slow-pass")
         sent: list[tuple[str, str, int]] = []
@@ -350,7 +355,8 @@ def test_a_log_redis_down_does_not_stop_the_handovers(
     _expired_run(runtime, "spent-2", max_attempts=1)
     _expired_run(runtime, "expired-2")
     down = WorkerRuntime.open(
-        runtime.settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_port()}/0"})
+        runtime.settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_port()}/0"}),
+        StoredLog,
     )
     sent: list[tuple[str, str, int]] = []
     try:

@@ -27,6 +27,7 @@ from tests.driver.test_takeover import AGENT, PROMPT, _assert_log_is_oracle
 from turnkeeper import driver
 from turnkeeper.config import Settings
 from turnkeeper.driver import attempt as attempt_module
+from turnkeeper.driver.replay import StoredLog
 from turnkeeper.embedded.ports import free_port
 from turnkeeper.embedded.redis import EmbeddedRedis
 from turnkeeper.errors import ServiceError
@@ -40,6 +41,7 @@ from turnkeeper.workers.runtime import WorkerRuntime
 SLOW = {**AGENT, "pace": 0.1}
 
 
+@pytest.mark.slow
 def test_a_crash_while_the_broker_is_down_leaves_crash_detection_running(
     settings: Settings, tmp_path: Path
 ) -> None:
@@ -212,7 +214,7 @@ class PostgresLink:
 
 @pytest.fixture
 def runtime(settings: Settings) -> Iterator[WorkerRuntime]:
-    rt = WorkerRuntime.open(settings)
+    rt = WorkerRuntime.open(settings, StoredLog)
     yield rt
     rt.close()
 
@@ -273,7 +275,7 @@ def test_an_attempt_given_up_after_its_retries_lets_its_lease_go(
     drain: the attempt it spent stays spent."""
     monkeypatch.setattr(attempt_module, "SERVICE_RETRY_BUDGET", 1.0)
     unreachable = f"redis://127.0.0.1:{free_port()}/0"
-    rt = WorkerRuntime.open(settings.model_copy(update={"redis_url": unreachable}))
+    rt = WorkerRuntime.open(settings.model_copy(update={"redis_url": unreachable}), StoredLog)
     try:
         run, _ = rt.store.admit_run(
             "given-up-1",

@@ -125,6 +125,7 @@ def _ended_before_continuing(fleet: Fleet, run: Run) -> list[str]:
     return [e["event"] for e in fleet.events(*names, run_id=run.run_id)]
 
 
+@pytest.mark.slow
 def test_the_agent_of_a_sandbox_removed_before_the_attach_is_dead_before_its_continuation(
     settings: Settings, provider: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -153,6 +154,7 @@ def test_the_agent_of_a_sandbox_removed_before_the_attach_is_dead_before_its_con
         fleet.stop()
 
 
+@pytest.mark.slow
 def test_the_agent_of_a_sandbox_removed_before_the_takeover_is_dead_before_its_continuation(
     settings: Settings, provider: dict[str, Any], tmp_path: Path
 ) -> None:

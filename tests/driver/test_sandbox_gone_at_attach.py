@@ -19,6 +19,8 @@ import signal
 import uuid
 from pathlib import Path
 
+import pytest
+
 from tests.driver.fleet import Fleet, chunks_while_held, expected_log, held_agent, wait_held
 from tests.driver.test_sandbox_loss import (
     _assert_consistent,
@@ -65,6 +67,7 @@ def _finished(fleet: Fleet, run: Run, tmp_path: Path) -> list[Chunk]:
     return chunks
 
 
+@pytest.mark.slow
 def test_a_sandbox_gone_after_the_classification_continues_as_one_gone_before(
     settings: Settings, tmp_path: Path
 ) -> None:

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.driver.fleet import Fleet, expected_log, follow_up_prompt
 from turnkeeper.chunks import Chunk
 from turnkeeper.driver import lifecycle
@@ -68,6 +70,7 @@ def _fresh(oracle: list[Chunk], reason: str) -> list[Chunk]:
     return [oracle[0], lifecycle.fresh_workspace(reason), *oracle[1:]]
 
 
+@pytest.mark.slow
 def test_every_run_of_a_session_works_in_its_workspace(fleet: Fleet, tmp_path: Path) -> None:
     fleet.start_worker()
     first = _settled(fleet, fleet.client.submit(AGENT, FIRST, session_id="chat"))
@@ -97,6 +100,7 @@ def test_every_run_of_a_session_works_in_its_workspace(fleet: Fleet, tmp_path: P
     assert sorted(p.name for p in fleet.settings.sandboxes_dir.iterdir()) == [root.name]
 
 
+@pytest.mark.slow
 def test_a_lost_workspace_is_survivable_and_the_run_says_so(fleet: Fleet, tmp_path: Path) -> None:
     fleet.start_worker()
     first = _settled(fleet, fleet.client.submit(AGENT, FIRST, session_id="chat"))
@@ -114,6 +118,7 @@ def test_a_lost_workspace_is_survivable_and_the_run_says_so(fleet: Fleet, tmp_pa
     assert second.sandbox_ref.get("fresh_workspace") == "lost"
 
 
+@pytest.mark.slow
 def test_the_reaper_destroys_an_idle_sessions_workspace_after_the_ttl(
     settings: Any, tmp_path: Path
 ) -> None:
@@ -141,6 +146,7 @@ def test_the_reaper_destroys_an_idle_sessions_workspace_after_the_ttl(
         fleet.stop()
 
 
+@pytest.mark.slow
 def test_a_follow_up_taken_over_mid_stream_goes_on_in_the_workspace(
     fleet: Fleet, tmp_path: Path
 ) -> None:
@@ -165,6 +171,7 @@ def test_a_follow_up_taken_over_mid_stream_goes_on_in_the_workspace(
 TEXT_AGENT_PROBE = "ls -A /workspace; cat {victim}/workspace/*; echo rc=$?"
 
 
+@pytest.mark.slow
 def test_another_sessions_agent_cannot_reach_the_workspace(fleet: Fleet) -> None:
     """Two sessions, two workspaces: the jail of one never shows the other's."""
     fleet.start_worker()

@@ -30,7 +30,7 @@ from tests.driver.test_takeover import (
     _assert_transcript_once,
     _attempts,
 )
-from turnkeeper.agents.translator import translator_for
+from turnkeeper.agents.formats import translator_for
 from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
 from turnkeeper.driver import lifecycle

@@ -25,7 +25,8 @@ from tests.driver.test_adoption import AGENT, PROMPT, assert_log_is_oracle, atte
 from tests.driver.test_log_loss import lose_logs
 from tests.sshd import Sshd, sshd_unavailable
 from tests.unavailable import cannot_run
-from turnkeeper.agents.translator import UNPARSED, translator_for
+from turnkeeper.agents.formats import translator_for
+from turnkeeper.agents.translator import UNPARSED
 from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
 from turnkeeper.driver import lifecycle
@@ -48,6 +49,7 @@ LEASE_TTL = 4.0
 CUT_SECONDS = 2.5 * LEASE_TTL
 
 
+@pytest.mark.slow
 def test_the_ssh_link_dropped_for_longer_than_the_lease_mid_run(
     settings: Settings, sshd: Sshd, database_url: str, tmp_path: Path
 ) -> None:

@@ -25,7 +25,7 @@ from tests.driver.fleet import (
     transcript_of_tool_turns,
     wait_held,
 )
-from turnkeeper.agents.translator import translator_for
+from turnkeeper.agents.formats import translator_for
 from turnkeeper.store.records import Run, RunStatus, TurnPhase
 
 AGENT: dict[str, Any] = {"preset": "scripted", "turns": 3, "pace": 0.05, "seed": 11}

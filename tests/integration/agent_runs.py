@@ -17,7 +17,7 @@ import orjson
 
 from tests.integration.model_server import ModelServer, Request
 from tests.integration.npm_cache import AgentClis
-from turnkeeper.agents import translator_for
+from turnkeeper.agents.formats import translator_for
 from turnkeeper.chunks import Chunk, validate_chunk
 
 PROMPT = "check the greeting"

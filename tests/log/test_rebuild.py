@@ -25,7 +25,7 @@ from turnkeeper.driver.attempt import _own
 from turnkeeper.driver.output import RunOutput
 from turnkeeper.driver.ownership import Ownership
 from turnkeeper.driver.placement import PlacedJournal, Placement
-from turnkeeper.driver.replay import Replay
+from turnkeeper.driver.replay import Replay, StoredLog
 from turnkeeper.errors import LogGoneError, LogUnavailableError, OwnershipLostError, ServiceError
 from turnkeeper.log import AsyncRunLog, RunLog
 from turnkeeper.log.entries import LogState
@@ -110,7 +110,7 @@ class Owner:
 
 @pytest.fixture
 def rt(settings: Settings) -> Iterator[WorkerRuntime]:
-    runtime = WorkerRuntime.open(settings)
+    runtime = WorkerRuntime.open(settings, StoredLog)
     yield runtime
     runtime.close()
 

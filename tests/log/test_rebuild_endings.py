@@ -62,7 +62,7 @@ class LosingBeforeWrite(RunLog):
 
 @pytest.fixture
 def rt(settings: Settings) -> Iterator[WorkerRuntime]:
-    runtime = WorkerRuntime.open(settings)
+    runtime = WorkerRuntime.open(settings, StoredLog)
     yield runtime
     runtime.close()
 

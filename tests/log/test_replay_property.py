@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from turnkeeper.agents import translator_for
+from turnkeeper.agents.formats import translator_for
 from turnkeeper.chunks import Chunk, validate_chunk
 from turnkeeper.log import Aligner, RunLog
 

@@ -167,6 +167,7 @@ subprocess.call(["sh", "-c", "head -c {size} /dev/zero > visible; {sleep}"])
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hide", sorted(HIDES))
 def test_what_the_agent_hides_still_counts(sandbox: Sandbox, hide: str) -> None:
     """The limit is passed only by the visible file written after the hidden one: a

@@ -83,6 +83,7 @@ def test_the_cgroup_carries_the_limits(box: tuple[LocalProvider, SandboxRef, San
         assert values["cpu.cfs_quota_us"] == str(CPU_PERIOD_US // 2)
 
 
+@pytest.mark.slow
 def test_an_agent_past_its_memory_limit_is_killed_alone(
     box: tuple[LocalProvider, SandboxRef, Sandbox],
 ) -> None:
@@ -106,6 +107,7 @@ def test_a_fork_bomb_stops_at_the_pid_limit(
     assert _group_pids(ref) == []  # nothing the agent started outlived it
 
 
+@pytest.mark.slow
 def test_nothing_the_agent_started_outlives_it(
     box: tuple[LocalProvider, SandboxRef, Sandbox],
 ) -> None:

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from tests.store import clock_workers
 from tests.store.conftest import admit, claimed
-from turnkeeper.store import Store, Verdict, queries
+from turnkeeper.store import Store, Verdict, sql
 
 SPAWN = multiprocessing.get_context("spawn")
 HOURS = 5 * 3600.0
@@ -23,9 +23,7 @@ def test_no_primitive_takes_a_time_from_the_client() -> None:
         for parameter in inspect.signature(method).parameters.values():
             assert "datetime" not in str(parameter.annotation), (name, parameter)
             assert not parameter.name.endswith("_at"), (name, parameter)
-    statements = " ".join(
-        v.text for v in vars(queries).values() if hasattr(v, "text") and isinstance(v.text, str)
-    )
+    statements = " ".join(statement.text for statement in sql.statements().values())
     assert re.findall(r":\w+_at\b", statements) == []
     assert "clock_timestamp" not in statements
     assert statements.count("now()") > 20

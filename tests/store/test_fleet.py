@@ -14,9 +14,9 @@ from turnkeeper.errors import InvalidInputError
 from turnkeeper.owner import session_name
 from turnkeeper.store import RunStatus, Store, Verdict
 from turnkeeper.store.fleet import LATENCY_BOUNDS
-from turnkeeper.store.queries import LOCKS_SESSION_PREFIX as LOCKS
 from turnkeeper.store.records import FleetMinute, LatencyHistogram, OwnedRun
 from turnkeeper.store.session import store_session_name
+from turnkeeper.store.sql.statement import LOCKS_SESSION_PREFIX as LOCKS
 
 DEAD_AFTER = 30.0
 BEAT_EVERY = 2.0

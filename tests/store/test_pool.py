@@ -13,7 +13,7 @@ from tests.store.conftest import admit
 from turnkeeper.config import plain_postgres_url
 from turnkeeper.errors import RunConflictError, StoreUnavailableError
 from turnkeeper.store import Store
-from turnkeeper.store.queries import Statement
+from turnkeeper.store.sql.statement import Statement
 
 
 def _backends(database_url: str) -> list[int]:

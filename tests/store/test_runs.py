@@ -242,6 +242,7 @@ def test_unknown_runs_give_none(store: Store) -> None:
     assert store.get_turn_slot("nope") is None
 
 
+@pytest.mark.slow
 def test_an_unreachable_database_is_a_retryable_store_error() -> None:
     store = Store("postgresql://postgres@127.0.0.1:1/none", pool_size=1)
     try:

@@ -127,6 +127,7 @@ def check_turn(turn: dict[str, Any], oracle: list[Chunk]) -> None:
     assert turn["events"] == oracle
 
 
+@pytest.mark.slow
 def test_a_conversation_through_the_real_agui_client(
     fleet: Fleet, web: WebServer, api_keys: ApiKeys, agui_client: AguiClient, tmp_path: Path
 ) -> None:

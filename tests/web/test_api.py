@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+import pytest
 
 from tests.driver.fleet import Fleet, expected_log
 from tests.web.conftest import ApiKeys, WebServer, stream_tokens
@@ -115,6 +116,7 @@ def test_resume_from_every_offset_gives_exactly_the_suffix(
     assert "past the last seq" in past.json()["error"]
 
 
+@pytest.mark.slow
 def test_reconnecting_client_sees_each_chunk_once_across_a_takeover(
     fleet: Fleet, web: WebServer, api_keys: ApiKeys, http: httpx.Client, tmp_path: Path
 ) -> None:

@@ -512,6 +512,7 @@ def _check_takeover_page(
     assert _emoji_free(page)
 
 
+@pytest.mark.slow
 def test_a_takeover_is_marked_where_the_successor_began_after_a_sigkill(
     fleet: Fleet, web: WebServer, api_keys: ApiKeys, http: httpx.Client, page: Any
 ) -> None:

@@ -45,6 +45,7 @@ def _submit(http: httpx.Client, run_id: str) -> dict[str, Any]:
     return body
 
 
+@pytest.mark.slow
 def test_the_client_reads_a_live_run_to_its_end(  # noqa: PLR0917 - fixtures
     client_prefix: Path,
     fleet: Fleet,

@@ -120,6 +120,7 @@ def test_without_workers_the_fleet_shows_queued_runs_waiting_and_the_open_stream
         assert body["open_streams"]["per_minute"][-1]["peak"] >= 1
 
 
+@pytest.mark.slow
 def test_the_fleet_shows_each_worker_with_its_slots_and_the_runs_they_own(
     fleet: Fleet, web: WebServer, admin: httpx.Client, http: httpx.Client
 ) -> None:

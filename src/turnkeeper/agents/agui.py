@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from turnkeeper.agents.translator import BaseTranslator, _Unusable, register
+from turnkeeper.agents.translator import BaseTranslator, _Unusable
 from turnkeeper.chunks import Chunk, validate_chunk
 from turnkeeper.errors import AgentError
 
@@ -33,6 +33,3 @@ class AguiTranslator(BaseTranslator):
         if kind == "RUN_ERROR":
             return [self.report_failure(str(event.get("message") or "agent reported RUN_ERROR"))]
         return [event]
-
-
-register(AguiTranslator.format, AguiTranslator)

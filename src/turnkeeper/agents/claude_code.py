@@ -39,7 +39,6 @@ from turnkeeper.agents.translator import (
     json_text,
     raw_chunk,
     reasoning_message,
-    register,
     require,
     text_message,
     tool_call_args,
@@ -347,6 +346,3 @@ def _result_text(content: Any) -> str:
                 parts.append(f"[{part.get('type', 'part')}]")
         return "\n".join(parts)
     return "" if content is None else json_text(content)
-
-
-register(ClaudeCodeTranslator.format, ClaudeCodeTranslator)

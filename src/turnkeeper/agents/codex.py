@@ -37,7 +37,6 @@ from turnkeeper.agents.translator import (
     custom_chunk,
     json_text,
     reasoning_message,
-    register,
     require,
     text_message,
     tool_call_args,
@@ -178,6 +177,3 @@ def _outcome(kind: str, item: dict[str, Any]) -> tuple[str, dict[str, Any]]:
             return "\n".join(texts), metadata
         return ("" if result is None else json_text(result)), metadata
     return "", metadata
-
-
-register(CodexTranslator.format, CodexTranslator)

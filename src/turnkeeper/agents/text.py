@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from turnkeeper.agents.translator import BaseTranslator, register, unparsed_chunk
+from turnkeeper.agents.translator import BaseTranslator, unparsed_chunk
 from turnkeeper.chunks import Chunk
 
 
@@ -61,6 +61,3 @@ class TextTranslator(BaseTranslator):
             return []
         message, self._message = self._message, None
         return [{"type": "TEXT_MESSAGE_END", "messageId": message}]
-
-
-register(TextTranslator.format, TextTranslator)

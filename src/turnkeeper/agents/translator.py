@@ -45,14 +45,12 @@ from __future__ import annotations
 
 import base64
 import enum
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 import orjson
 
 from turnkeeper.chunks import Chunk
-from turnkeeper.errors import UnknownAgentError
 
 UNPARSED: Final = "turnkeeper.unparsed"
 SESSION: Final = "turnkeeper.session"
@@ -358,36 +356,3 @@ class TurnTracker:
                 self.turns_completed += 1
                 return TurnEvent.TURN_COMPLETE
         return None
-
-
-# --- the registry -----------------------------------------------------------------------
-
-_REGISTRY: dict[str, Callable[[str], Translator]] = {}
-
-
-def register(format_name: str, factory: Callable[[str], Translator]) -> None:
-    _REGISTRY[format_name] = factory
-
-
-def formats() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
-
-
-def translator_for(format_name: str, run_id: str) -> Translator:
-    """A fresh translator for one run (a replay must use a fresh one too)."""
-    _load_builtin()
-    try:
-        factory = _REGISTRY[format_name]
-    except KeyError:
-        raise UnknownAgentError(
-            f"unknown agent output format {format_name!r}; known: {', '.join(sorted(_REGISTRY))}",
-            run_id=run_id,
-            reason="unknown-format",
-        ) from None
-    return factory(run_id)
-
-
-def _load_builtin() -> None:
-    # Imported here so that the format modules can import the helpers above.
-    from turnkeeper.agents import agui, claude_code, codex, text  # noqa: F401, PLC0415

@@ -122,6 +122,7 @@ def beat(ctx: typer.Context) -> None:
     """Run beat with a control worker (reconcile, reap, prune); Celery's options pass through."""
     from celery.signals import worker_ready
 
+    from turnkeeper.driver.replay import StoredLog
     from turnkeeper.queues import control_queue, enqueuers
     from turnkeeper.secret import ServerSecret, make_undumpable
     from turnkeeper.tasks import create_app
@@ -150,7 +151,7 @@ def beat(ctx: typer.Context) -> None:
         # starts once the worker is ready, after Celery forked the embedded beat, so that
         # no other process shares its connection.
         def watch(**_: object) -> None:
-            runtime = runtime_for(resolved)
+            runtime = runtime_for(resolved, StoredLog)
             triggers = enqueuers(app, resolved, runtime.store)
             start_watcher(resolved, runtime, triggers["enqueue_takeover"])
 
@@ -172,11 +173,12 @@ def _sweep(
     sweep: Callable[[WorkerRuntime, Settings], object],
 ) -> None:
     """Run a sweep now and then every ``interval`` (or once), printing what it did."""
+    from turnkeeper.driver.replay import StoredLog
     from turnkeeper.workers.runtime import WorkerRuntime
 
     settings = settings_from_env()
     with services(settings, start=False) as resolved:
-        rt = WorkerRuntime.open(resolved)
+        rt = WorkerRuntime.open(resolved, StoredLog)
         try:
             while True:
                 report = sweep(rt, resolved)

@@ -32,6 +32,7 @@ from turnkeeper.errors import (
 )
 from turnkeeper.log import RunLog
 from turnkeeper.log.alignment import Aligner
+from turnkeeper.log.runlog import REFUSED_APPENDS
 from turnkeeper.logconfig import get_logger
 from turnkeeper.store.records import Claim
 from turnkeeper.store.store import Store
@@ -43,10 +44,6 @@ _PAGE_TRIES = 50
 _PAGE_RETRY_WAIT = 0.01
 _REALIGN_TRIES = 8
 _LOST_UNDER_READ = "lost-under-read"
-
-# Fleet counters (RunLog.count), exported by the web app's /metrics.
-LEASE_RENEWALS = "lease_renewals"
-REFUSED_APPENDS = "refused_appends"
 
 
 class StoredLogPages:

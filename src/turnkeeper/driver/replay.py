@@ -22,7 +22,8 @@ from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import TYPE_CHECKING
 
-from turnkeeper.agents.translator import TurnTracker, translator_for
+from turnkeeper.agents.formats import translator_for
+from turnkeeper.agents.translator import TurnTracker
 from turnkeeper.chunks import Chunk
 from turnkeeper.driver import lifecycle
 from turnkeeper.errors import AgentError, InvalidSentinelError, LogGoneError

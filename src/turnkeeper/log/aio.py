@@ -22,7 +22,7 @@ import redis.asyncio
 
 from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings
-from turnkeeper.errors import ConfigError, LogGoneError, LogUnavailableError
+from turnkeeper.errors import ConfigError, LogUnavailableError
 from turnkeeper.log.entries import (
     STATE_FIELDS,
     LogState,
@@ -30,7 +30,6 @@ from turnkeeper.log.entries import (
     decode_page,
     parse_state,
     redis_errors,
-    stream_entries,
 )
 from turnkeeper.log.keys import RunKeys, check_namespace
 from turnkeeper.log.runlog import (
@@ -38,11 +37,12 @@ from turnkeeper.log.runlog import (
     DEFAULT_PAGE_SIZE,
     SHORT_READ_TRIES,
     SOCKET_TIMEOUT,
+    FollowWalk,
     RunLog,
+    SnapshotWalk,
+    WalkStep,
     check_client,
-    check_read_offset,
     check_short_read,
-    read_is_over,
 )
 
 READ_GUARD_SLACK = SOCKET_TIMEOUT
@@ -137,32 +137,16 @@ class AsyncRunLog:
     async def snapshot(self, run_id: str, after_seq: int = 0) -> list[tuple[int, Chunk]]:
         """As ``RunLog.snapshot``."""
         stream = self.keys(run_id).stream
-        out: list[tuple[int, Chunk]] = []
-        cursor = after_seq
-        state = await self.state(run_id)
-        stalls = 0
-        while True:
+        rebuilds = self.restorer is not None
+        walk = SnapshotWalk(run_id, after_seq, self.page_size, rebuilds, await self.state(run_id))
+        while walk.going:
             with redis_errors(run_id, "snapshot"):
-                entries = await self._redis.xrange(
-                    stream, f"(0-{cursor}", "+", count=self.page_size
+                rows = await self._redis.xrange(
+                    stream, f"(0-{walk.cursor}", "+", count=self.page_size
                 )
-            rows: list[Any] = cast("list[Any]", entries or [])
-            page = decode_page(rows, cursor, run_id)
-            out.extend(page.chunks)
-            cursor = out[-1][0] if out else cursor
-            if page.ended:
-                break
-            if len(rows) < self.page_size:
-                if cursor >= state.last_seq or self.restorer is None:
-                    break
-                stalls = 0 if page.chunks else stalls + 1
-                check_short_read(stalls, run_id, cursor)
-                state = await self.state(run_id)
-                if not state.exists:
-                    break
-        if not out and after_seq > 0 and not state.exists:
-            raise LogGoneError("the log expired", run_id=run_id, reason="expired", offset=after_seq)
-        return out
+            if walk.take(cast("list[Any]", rows or [])) is WalkStep.STATE:
+                walk.restate(await self.state(run_id))
+        return walk.result()
 
     async def page(self, run_id: str, after_seq: int, count: int) -> Page:
         """Up to ``count`` stored chunks after ``after_seq`` (one XRANGE), and whether the
@@ -177,25 +161,20 @@ class AsyncRunLog:
         self, run_id: str, after_seq: int = 0, *, block_ms: int = DEFAULT_BLOCK_MS
     ) -> AsyncIterator[tuple[int, Chunk]]:
         """As ``RunLog.read``: parks on an open log, ends when it is closed."""
-        check_read_offset(await self.state(run_id), run_id, after_seq)
+        follow = FollowWalk(run_id, after_seq, await self.state(run_id))
         stream = self.keys(run_id).stream
-        cursor = after_seq
-        while True:
+        while follow.going:
             with redis_errors(run_id, "read"):
                 async with _read_guard(run_id, block_ms):
                     reply = await self._redis.xread(
-                        {stream: f"0-{cursor}"}, count=self.page_size, block=block_ms
+                        {stream: f"0-{follow.cursor}"}, count=self.page_size, block=block_ms
                     )
-            entries = stream_entries(reply)
-            if entries:
-                page = decode_page(entries, cursor, run_id)
-                for seq, chunk in page.chunks:
-                    cursor = seq
-                    yield seq, chunk
-                if page.ended:
-                    return
-            elif read_is_over(await self.state(run_id), run_id, cursor):
-                return
+            chunks = follow.take(reply)
+            if chunks is None:
+                follow.timed_out(await self.state(run_id))
+            else:
+                for event in chunks:
+                    yield event
 
     async def aclose(self) -> None:
         await self._redis.aclose()

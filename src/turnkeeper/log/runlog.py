@@ -35,9 +35,11 @@ rebuild, out of order or twice. A log that cannot be rebuilt raises LogGoneError
 
 from __future__ import annotations
 
+import enum
 import secrets
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from itertools import islice
 from typing import Any, Final, Self, cast
@@ -82,6 +84,10 @@ REBUILD_LOCK_MS: Final = 15_000
 """How long a rebuild holds a log without writing a page before the next reader takes over."""
 LOGS_LOST: Final = "logs_lost"
 """The fleet counter of logs Redis lost that were rebuilt (``log.rebuilt``)."""
+LEASE_RENEWALS: Final = "lease_renewals"
+"""The fleet counter of lease renewals (every worker's heartbeats)."""
+REFUSED_APPENDS: Final = "refused_appends"
+"""The fleet counter of appends a fence refused (a superseded owner's)."""
 REBUILD_WAIT_SECONDS: Final = 120.0
 """How long a read or write waits for other rebuilds before giving up (LogUnavailableError)."""
 _REBUILD_POLL = 0.02
@@ -399,32 +405,14 @@ class RunLog:
         ``after_seq + 1``, or when the log was lost and cannot be rebuilt.
         """
         stream = self.keys(run_id).stream
-        out: list[tuple[int, Chunk]] = []
-        cursor = after_seq
-        state = self.state(run_id)
-        stalls = 0
-        while True:
+        rebuilds = self.source is not None
+        walk = SnapshotWalk(run_id, after_seq, self.page_size, rebuilds, self.state(run_id))
+        while walk.going:
             with redis_errors(run_id, "snapshot"):
-                entries = self._redis.xrange(stream, f"(0-{cursor}", "+", count=self.page_size)
-            rows: list[Any] = cast("list[Any]", entries or [])
-            page = decode_page(rows, cursor, run_id)
-            out.extend(page.chunks)
-            cursor = out[-1][0] if out else cursor
-            if page.ended:
-                break
-            if len(rows) < self.page_size:
-                # The end of what is stored, unless the log was lost under this read
-                # (it is then rebuilt, with the same seqs, and read on from the cursor).
-                if cursor >= state.last_seq or self.source is None:
-                    break
-                stalls = 0 if page.chunks else stalls + 1
-                check_short_read(stalls, run_id, cursor)
-                state = self.state(run_id)
-                if not state.exists:
-                    break
-        if not out and after_seq > 0 and not state.exists:
-            raise LogGoneError("the log expired", run_id=run_id, reason="expired", offset=after_seq)
-        return out
+                rows = self._redis.xrange(stream, f"(0-{walk.cursor}", "+", count=self.page_size)
+            if walk.take(cast("list[Any]", rows or [])) is WalkStep.STATE:
+                walk.restate(self.state(run_id))
+        return walk.result()
 
     def read(
         self, run_id: str, after_seq: int = 0, *, block_ms: int = DEFAULT_BLOCK_MS
@@ -435,29 +423,103 @@ class RunLog:
         LogGoneError when the range was trimmed or the log expired, and
         LogOffsetError for an offset past the end of the log.
         """
-        check_read_offset(self.state(run_id), run_id, after_seq)
+        follow = FollowWalk(run_id, after_seq, self.state(run_id))
         stream = self.keys(run_id).stream
-        cursor = after_seq
-        while True:
+        while follow.going:
             with redis_errors(run_id, "read"):
                 reply = self._redis.xread(
-                    {stream: f"0-{cursor}"}, count=self.page_size, block=block_ms
+                    {stream: f"0-{follow.cursor}"}, count=self.page_size, block=block_ms
                 )
-            entries = stream_entries(reply)
-            if entries:
-                page = decode_page(entries, cursor, run_id)
-                for seq, chunk in page.chunks:
-                    cursor = seq
-                    yield seq, chunk
-                if page.ended:
-                    return
-            elif read_is_over(self.state(run_id), run_id, cursor):
-                return
+            chunks = follow.take(reply)
+            if chunks is None:
+                follow.timed_out(self.state(run_id))
+            else:
+                yield from chunks
 
 
 SHORT_READ_TRIES: Final = 50
 """Looks at a log that reads short of its known end, lost again after every rebuild,
 before a snapshot gives up (LogUnavailableError): never a short or empty answer."""
+
+
+class WalkStep(enum.Enum):
+    PAGE = "page"
+    """Read the next page after the cursor."""
+    STATE = "state"
+    """Read the log's state again (``restate``), then the next page."""
+    DONE = "done"
+
+
+@dataclass
+class SnapshotWalk:
+    """A snapshot's walk through a log, page by page, without I/O: ``RunLog`` and
+    ``AsyncRunLog`` drive the same one. Each page read after ``cursor`` is taken; a
+    page short of the known end, on a log that can be rebuilt, means it was lost under
+    the read: its state is read again (which rebuilds it, with the same seqs) and the
+    walk reads on from the cursor, unless the log is gone."""
+
+    run_id: str
+    after_seq: int
+    page_size: int
+    rebuilds: bool
+    state: LogState
+    chunks: list[tuple[int, Chunk]] = field(default_factory=list)
+    going: bool = True
+    stalls: int = 0
+
+    @property
+    def cursor(self) -> int:
+        return self.chunks[-1][0] if self.chunks else self.after_seq
+
+    def take(self, rows: list[Any]) -> WalkStep:
+        page = decode_page(rows, self.cursor, self.run_id)
+        self.chunks.extend(page.chunks)
+        if len(rows) == self.page_size and not page.ended:
+            return WalkStep.PAGE
+        if page.ended or self.cursor >= self.state.last_seq or not self.rebuilds:
+            self.going = False
+            return WalkStep.DONE
+        self.stalls = 0 if page.chunks else self.stalls + 1
+        check_short_read(self.stalls, self.run_id, self.cursor)
+        return WalkStep.STATE
+
+    def restate(self, state: LogState) -> None:
+        self.state = state
+        self.going = state.exists
+
+    def result(self) -> list[tuple[int, Chunk]]:
+        if not self.chunks and self.after_seq > 0 and not self.state.exists:
+            raise LogGoneError(
+                "the log expired", run_id=self.run_id, reason="expired", offset=self.after_seq
+            )
+        return self.chunks
+
+
+class FollowWalk:
+    """A follow's walk along a log, without I/O: ``RunLog.read`` and
+    ``AsyncRunLog.read`` drive the same one. Each XREAD reply after ``cursor`` is
+    taken; a reply of nothing (the block timed out) asks the log's state whether the
+    log ended or vanished under the parked reader."""
+
+    def __init__(self, run_id: str, after_seq: int, state: LogState) -> None:
+        check_read_offset(state, run_id, after_seq)
+        self.run_id = run_id
+        self.cursor = after_seq
+        self.going = True
+
+    def take(self, reply: Any) -> list[tuple[int, Chunk]] | None:
+        """The chunks the reply brought (None: it brought nothing)."""
+        entries = stream_entries(reply)
+        if not entries:
+            return None
+        page = decode_page(entries, self.cursor, self.run_id)
+        if page.chunks:
+            self.cursor = page.chunks[-1][0]
+        self.going = not page.ended
+        return page.chunks
+
+    def timed_out(self, state: LogState) -> None:
+        self.going = not read_is_over(state, self.run_id, self.cursor)
 
 
 def check_short_read(stalls: int, run_id: str, cursor: int) -> None:

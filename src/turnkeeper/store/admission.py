@@ -17,7 +17,7 @@ from turnkeeper.errors import (
     SessionDeletedError,
 )
 from turnkeeper.logconfig import get_logger
-from turnkeeper.store import queries as q
+from turnkeeper.store import sql
 from turnkeeper.store.database import StoreBase, Transaction
 from turnkeeper.store.records import Run, check_id, check_key_name, check_seconds, to_json
 
@@ -70,10 +70,10 @@ class AdmissionMixin(StoreBase):
             "key_name": key_name,
         }
         with self._db.transaction("admit_run", run_id=run_id) as tx:
-            tx.rows(q.LOCK_SESSION, params)
+            tx.rows(sql.admission.LOCK_SESSION, params)
             if key_name is not None:
                 _check_key_quota(tx, params)
-            receipt = tx.one(q.FIND_RECEIPT, params)
+            receipt = tx.one(sql.admission.FIND_RECEIPT, params)
             if receipt is not None:
                 if receipt["key_name"] != key_name:
                     # Another tenant's deleted run: the id is taken, and that is all
@@ -87,11 +87,11 @@ class AdmissionMixin(StoreBase):
                     reason="session-deleted",
                     session_id=deleted_session,
                 )
-            tenant = tx.rows(q.ENSURE_SESSION, params)[0]["key_name"]
+            tenant = tx.rows(sql.admission.ENSURE_SESSION, params)[0]["key_name"]
             if tenant != key_name:
                 # A run id that exists is what is taken, even where its session (by
                 # default named after it) is another tenant's too.
-                existing = tx.one(q.EXISTING_RUN, params)
+                existing = tx.one(sql.admission.EXISTING_RUN, params)
                 if existing is not None:
                     _replayed(existing, run_id, session_id, key_name)
                 # Ids are global: all another tenant learns is that the id is taken.
@@ -100,14 +100,16 @@ class AdmissionMixin(StoreBase):
                     run_id=run_id,
                     reason="session-taken",
                 )
-            inserted = tx.one(q.INSERT_RUN, params)
+            inserted = tx.one(sql.admission.INSERT_RUN, params)
             if inserted is not None:
                 run = Run.from_row(inserted)
                 log.info("run.admitted", run_id=run_id, session_id=session_id, seq=run.seq)
                 return run, True
             # Refused inside the transaction, so a refused replay leaves nothing behind
             # (not even the session row ENSURE_SESSION may have just inserted).
-            return _replayed(tx.one(q.EXISTING_RUN, params), run_id, session_id, key_name), False
+            return _replayed(
+                tx.one(sql.admission.EXISTING_RUN, params), run_id, session_id, key_name
+            ), False
 
     def delete_session(self, session_id: str) -> int:
         """Delete a settled session's runs and transcript, keeping receipts of the runs.
@@ -118,20 +120,20 @@ class AdmissionMixin(StoreBase):
         check_id(session_id, "session_id")
         params = {"session_id": session_id, "lock_key": session_lock_key(session_id)}
         with self._db.transaction("delete_session", session_id=session_id) as tx:
-            tx.rows(q.LOCK_SESSION, params)
-            busy = tx.scalar(q.BUSY_RUNS, params)
+            tx.rows(sql.admission.LOCK_SESSION, params)
+            busy = tx.scalar(sql.sessions.BUSY_RUNS, params)
             if busy:
                 raise SessionBusyError(
                     f"session {session_id!r} has {busy} queued or running run(s)",
                     reason="session-busy",
                     session_id=session_id,
                 )
-            if not tx.scalar(q.SESSION_EXISTS, params):
+            if not tx.scalar(sql.sessions.SESSION_EXISTS, params):
                 return 0
-            tx.rows(q.WRITE_RECEIPTS, params)
-            deleted = tx.rowcount(q.DELETE_SESSION_RUNS, params)
-            tx.rows(q.DELETE_SESSION_ROW, params)
-            tx.rows(q.MARK_SESSION_DELETED, params)
+            tx.rows(sql.sessions.WRITE_RECEIPTS, params)
+            deleted = tx.rowcount(sql.sessions.DELETE_SESSION_RUNS, params)
+            tx.rows(sql.sessions.DELETE_SESSION_ROW, params)
+            tx.rows(sql.sessions.MARK_SESSION_DELETED, params)
         log.info("session.deleted", session_id=session_id, runs=deleted)
         return int(deleted)
 
@@ -140,16 +142,16 @@ def _check_key_quota(tx: Transaction, params: dict[str, Any]) -> None:
     """Lock the key (serializing its admissions), refuse a revoked one, and refuse a new
     run past its ``max_running`` (an identical replay of an existing run still passes)."""
     key_name = params["key_name"]
-    key = tx.one(q.LOCK_KEY, params)
+    key = tx.one(sql.admission.LOCK_KEY, params)
     if key is None or key["revoked_at"] is not None:
         raise ApiKeyError(
             f"the key {key_name!r} is {'revoked' if key else 'unknown'}",
             reason="revoked-key" if key else "unknown-key",
         )
     limit = key["max_running"]
-    if limit is None or tx.scalar(q.UNSETTLED_RUNS_OF_KEY, params) < limit:
+    if limit is None or tx.scalar(sql.admission.UNSETTLED_RUNS_OF_KEY, params) < limit:
         return
-    if tx.scalar(q.RUN_EXISTS, params):
+    if tx.scalar(sql.admission.RUN_EXISTS, params):
         return  # a replay: the caller below returns it or refuses it as a conflict
     raise QuotaExceededError(
         f"the key {key_name!r} has {limit} queued or running run(s), its limit; "

@@ -1,6 +1,6 @@
 """How the store talks to PostgreSQL: pooled statements, transactions, error translation.
 
-The statements themselves are the ``Statement`` constants named in ``queries``;
+The statements themselves are the ``Statement`` constants named in ``sql``;
 they run on psycopg connections from psycopg_pool, in psycopg's parameter style, because
 SQLAlchemy's per-call bookkeeping was most of the store's overhead on top of the
 round trip (bench/store_cycle.py). Single statements run in autocommit (no
@@ -31,9 +31,9 @@ from turnkeeper.errors import (
     StoreUnavailableError,
 )
 from turnkeeper.logconfig import get_logger
-from turnkeeper.store import queries as q
-from turnkeeper.store.queries import Statement, pyformat
+from turnkeeper.store import sql
 from turnkeeper.store.records import Claim, Verdict
+from turnkeeper.store.sql.statement import Statement, pyformat
 
 log = get_logger(__name__)
 P = ParamSpec("P")
@@ -104,7 +104,7 @@ def _tallied(name: str) -> None:
 
 @cache
 def _statement_names() -> dict[int, str]:
-    return {id(v): k.lower() for k, v in vars(q).items() if isinstance(v, Statement)}
+    return {id(statement): name for name, statement in sql.statements().items()}
 
 
 def _statement_name(statement: Statement) -> str:
@@ -302,5 +302,5 @@ class StoreBase:
         its write was refused for the row's state.
         """
         params = {"run_id": claim.run_id, "attempt_id": claim.attempt_id}
-        owned = self._db.one("owns_run", q.OWNS_RUN, params, run_id=claim.run_id)
+        owned = self._db.one("owns_run", sql.ownership.OWNS_RUN, params, run_id=claim.run_id)
         return Verdict.WRONG_STATE if owned is not None else Verdict.NOT_OWNER

@@ -4,7 +4,7 @@ activity minute by minute, each one statement on the database clock."""
 from __future__ import annotations
 
 from turnkeeper.errors import InvalidInputError
-from turnkeeper.store import queries as q
+from turnkeeper.store import sql
 from turnkeeper.store.database import StoreBase
 from turnkeeper.store.records import (
     FleetMinute,
@@ -47,14 +47,14 @@ class FleetMixin(StoreBase):
             "shown_for": check_seconds(shown_for, "shown_for"),
             "limit": check_limit(limit),
         }
-        rows = self._db.rows("worker_slots", q.FLEET_WORKERS, params)
+        rows = self._db.rows("worker_slots", sql.fleet_page.FLEET_WORKERS, params)
         return [WorkerSlot.from_row(r) for r in rows]
 
     def awaiting_adoption(self, limit: int = 1000) -> list[tuple[str, int, float]]:
         """Runs handed over and not adopted yet: (run_id, epoch, seconds waited), the
         longest waiting first."""
         rows = self._db.rows(
-            "awaiting_adoption", q.AWAITING_ADOPTION, {"limit": check_limit(limit)}
+            "awaiting_adoption", sql.fleet_page.AWAITING_ADOPTION, {"limit": check_limit(limit)}
         )
         return [(r["run_id"], r["epoch"], r["waiting_seconds"]) for r in rows]
 
@@ -63,14 +63,14 @@ class FleetMixin(StoreBase):
         params = {"minutes": check_minutes(minutes)}
         return [
             FleetMinute.from_row(r)
-            for r in self._db.rows("fleet_activity", q.FLEET_ACTIVITY, params)
+            for r in self._db.rows("fleet_activity", sql.fleet_page.FLEET_ACTIVITY, params)
         ]
 
     def takeover_latency(self, minutes: int) -> LatencyHistogram:
         """The pauses of the takeovers adopted in the last ``minutes`` minutes, each the
         one the run page shows (``LatencyHistogram``)."""
         params = {"minutes": check_minutes(minutes), "bounds": list(LATENCY_BOUNDS)}
-        row = self._db.one("takeover_latency", q.TAKEOVER_LATENCY, params)
+        row = self._db.one("takeover_latency", sql.fleet_page.TAKEOVER_LATENCY, params)
         assert row is not None  # noqa: S101 - a SELECT of aggregates always returns a row
         buckets = {int(k): int(v) for k, v in row["buckets"].items()}
         return LatencyHistogram(
@@ -85,8 +85,8 @@ class FleetMixin(StoreBase):
     def record_sweep(self, name: str) -> None:
         """One of beat's periodic sweeps (``reconcile``, ``reap``, ``prune``) finished now:
         an operator can tell when beat last swept, and see it overdue once beat stops."""
-        self._db.one("record_sweep", q.RECORD_SWEEP, {"name": check_id(name, "name")})
+        self._db.one("record_sweep", sql.sweeps.RECORD_SWEEP, {"name": check_id(name, "name")})
 
     def sweeps(self) -> list[Sweep]:
         """When each sweep last finished, by name; a sweep that never ran is absent."""
-        return [Sweep.from_row(r) for r in self._db.rows("sweeps", q.SWEEPS, {})]
+        return [Sweep.from_row(r) for r in self._db.rows("sweeps", sql.sweeps.SWEEPS, {})]

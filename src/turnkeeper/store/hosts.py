@@ -7,7 +7,7 @@ seconds, on the database clock like every lease (docs/architecture.md, "Hosts").
 from __future__ import annotations
 
 from turnkeeper.errors import InvalidInputError
-from turnkeeper.store import queries as q
+from turnkeeper.store import sql
 from turnkeeper.store.database import StoreBase
 from turnkeeper.store.records import (
     Claim,
@@ -32,13 +32,13 @@ class HostsMixin(StoreBase):
     def start_worker(self, worker_id: str, host_id: str, pid: int, main_pid: int) -> None:
         """A worker process starts: its row anew, without an earlier process's drain."""
         params = self._worker_params(worker_id, host_id, pid, main_pid)
-        self._db.one("start_worker", q.START_WORKER, params)
+        self._db.one("start_worker", sql.hosts.START_WORKER, params)
 
     def beat_worker(self, worker_id: str, host_id: str, pid: int, main_pid: int) -> WorkerOrders:
         """A worker process's heartbeat; answers whether it is draining, and whether the
         time to hand over its runs has come."""
         params = self._worker_params(worker_id, host_id, pid, main_pid)
-        row = self._db.one("beat_worker", q.BEAT_WORKER, params)
+        row = self._db.one("beat_worker", sql.hosts.BEAT_WORKER, params)
         assert row is not None  # noqa: S101 - an upsert always returns its row
         return WorkerOrders(
             draining=bool(row["draining"]), hand_over_due=bool(row["hand_over_due"])
@@ -47,18 +47,20 @@ class HostsMixin(StoreBase):
     def host_alive(self, host_id: str, dead_after: float) -> bool:
         """Whether a worker of ``host_id`` was seen within ``dead_after`` seconds."""
         params = {"host_id": check_id(host_id, "host_id"), "dead_after": _dead(dead_after)}
-        row = self._db.one("host_alive", q.HOST_ALIVE, params)
+        row = self._db.one("host_alive", sql.hosts.HOST_ALIVE, params)
         return bool(row and row["alive"])
 
     def live_hosts(self, dead_after: float) -> list[str]:
-        rows = self._db.rows("live_hosts", q.LIVE_HOSTS, {"dead_after": _dead(dead_after)})
+        rows = self._db.rows("live_hosts", sql.hosts.LIVE_HOSTS, {"dead_after": _dead(dead_after)})
         return [str(r["host_id"]) for r in rows]
 
     def dead_hosts(self, dead_after: float, limit: int) -> list[str]:
         """Hosts the store knows, none of whose workers was seen within ``dead_after``
         seconds; those that died last first."""
         params = {"dead_after": _dead(dead_after), "limit": check_limit(limit)}
-        return [str(r["host_id"]) for r in self._db.rows("dead_hosts", q.DEAD_HOSTS, params)]
+        return [
+            str(r["host_id"]) for r in self._db.rows("dead_hosts", sql.hosts.DEAD_HOSTS, params)
+        ]
 
     def drain_workers(
         self, host_id: str, dead_after: float, hand_over_after: float
@@ -71,30 +73,34 @@ class HostsMixin(StoreBase):
             "dead_after": _dead(dead_after),
             "hand_over_after": check_seconds(hand_over_after, "hand_over_after", allow_zero=True),
         }
-        marked = {r["worker_id"] for r in self._db.rows("drain_workers", q.DRAIN_WORKERS, params)}
+        marked = {
+            r["worker_id"] for r in self._db.rows("drain_workers", sql.hosts.DRAIN_WORKERS, params)
+        }
         return [w for w in self.workers(dead_after) if w.worker_id in marked]
 
     def workers(self, dead_after: float) -> list[Worker]:
         """Every worker process known, by host, with whether it is alive."""
-        rows = self._db.rows("workers", q.WORKERS, {"dead_after": _dead(dead_after)})
+        rows = self._db.rows("workers", sql.hosts.WORKERS, {"dead_after": _dead(dead_after)})
         return [Worker.from_row(r) for r in rows]
 
     def placed_sandboxes(self, limit: int = 1000) -> list[PlacedSandbox]:
         """The sandboxes runs' placements still name (reaped ones are forgotten)."""
-        rows = self._db.rows("placed_sandboxes", q.PLACED_SANDBOXES, {"limit": check_limit(limit)})
+        rows = self._db.rows(
+            "placed_sandboxes", sql.hosts.PLACED_SANDBOXES, {"limit": check_limit(limit)}
+        )
         return [PlacedSandbox.from_row(r) for r in rows]
 
     def takeovers_of_dead_hosts(self, dead_after: float, limit: int) -> list[Claim]:
         """Runs awaiting adoption whose takeover went to a host that has died since:
         marked dispatched again, once, and returned for the caller to send on."""
         params = {"dead_after": _dead(dead_after), "limit": check_limit(limit)}
-        rows = self._db.rows("takeovers_of_dead_hosts", q.DEAD_HOST_TAKEOVERS, params)
+        rows = self._db.rows("takeovers_of_dead_hosts", sql.hosts.DEAD_HOST_TAKEOVERS, params)
         return [Claim(r["run_id"], r["attempt_id"], r["epoch"]) for r in rows]
 
     def prune_workers(self, older_than: float) -> int:
         """Forget worker processes unseen for ``older_than`` seconds."""
         params = {"older_than": check_seconds(older_than, "older_than")}
-        row = self._db.one("prune_workers", q.PRUNE_WORKERS, params)
+        row = self._db.one("prune_workers", sql.hosts.PRUNE_WORKERS, params)
         return int(row["count"]) if row is not None else 0
 
     @staticmethod

@@ -16,7 +16,7 @@ from collections.abc import Collection
 
 from turnkeeper.errors import ApiKeyError, InvalidInputError
 from turnkeeper.logconfig import get_logger
-from turnkeeper.store import queries as q
+from turnkeeper.store import sql
 from turnkeeper.store.database import StoreBase
 from turnkeeper.store.records import ApiKey, check_key_name
 
@@ -62,7 +62,7 @@ class KeysMixin(StoreBase):
             "allow_commands": allow_commands,
             "max_running": max_running,
         }
-        if self._db.one("create_key", q.INSERT_KEY, params) is None:
+        if self._db.one("create_key", sql.keys.INSERT_KEY, params) is None:
             raise ApiKeyError(
                 f"a key named {name!r} exists or existed; names are never reused",
                 reason="key-name-taken",
@@ -75,16 +75,16 @@ class KeysMixin(StoreBase):
         if not is_key_format(key):
             return None
         params = {"key_hash": hash_key(key), "touch_every": _TOUCH_EVERY}
-        row = self._db.one("authenticate_key", q.AUTHENTICATE_KEY, params)
+        row = self._db.one("authenticate_key", sql.keys.AUTHENTICATE_KEY, params)
         return None if row is None else ApiKey.from_row(row)
 
     def list_keys(self) -> list[ApiKey]:
-        return [ApiKey.from_row(r) for r in self._db.rows("list_keys", q.LIST_KEYS, {})]
+        return [ApiKey.from_row(r) for r in self._db.rows("list_keys", sql.keys.LIST_KEYS, {})]
 
     def revoke_key(self, name: str) -> ApiKey:
         """Revoke for good (idempotent); ApiKeyError for an unknown name."""
         check_key_name(name)
-        row = self._db.one("revoke_key", q.REVOKE_KEY, {"name": name})
+        row = self._db.one("revoke_key", sql.keys.REVOKE_KEY, {"name": name})
         if row is None:
             raise ApiKeyError(f"no key is named {name!r}", reason="unknown-key")
         log.info("key.revoked", key_name=name)
@@ -92,19 +92,21 @@ class KeysMixin(StoreBase):
 
     def key_is_live(self, name: str) -> bool:
         """Whether the key named ``name`` exists and is not revoked."""
-        row = self._db.one("key_is_live", q.KEY_IS_LIVE, {"name": check_key_name(name)})
+        row = self._db.one("key_is_live", sql.keys.KEY_IS_LIVE, {"name": check_key_name(name)})
         return bool(row and row["exists"])
 
     def revoked_among(self, names: Collection[str]) -> set[str]:
         """Which of the keys named ``names`` are revoked (one query, whatever their number)."""
-        rows = self._db.rows("revoked_among", q.REVOKED_AMONG, {"names": sorted(names)})
+        rows = self._db.rows("revoked_among", sql.keys.REVOKED_AMONG, {"names": sorted(names)})
         return {str(row["name"]) for row in rows}
 
     def active_key_count(self) -> int:
-        row = self._db.one("active_keys", q.ACTIVE_KEYS, {})
+        row = self._db.one("active_keys", sql.keys.ACTIVE_KEYS, {})
         return int(row["count"]) if row is not None else 0
 
     def session_tenant(self, session_id: str) -> tuple[bool, str | None]:
         """``(exists, key_name)`` of a session."""
-        row = self._db.one("session_tenant", q.SESSION_TENANT, {"session_id": session_id})
+        row = self._db.one(
+            "session_tenant", sql.sessions.SESSION_TENANT, {"session_id": session_id}
+        )
         return (False, None) if row is None else (True, row["key_name"])

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from turnkeeper.errors import InvalidInputError
-from turnkeeper.store import queries as q
+from turnkeeper.store import sql
 from turnkeeper.store.database import StoreBase
 from turnkeeper.store.records import (
     AttemptRecord,
@@ -32,20 +32,20 @@ class MaintenanceMixin(StoreBase):
 
     def database_now(self) -> datetime:
         """The database clock, the only clock leases and deadlines follow."""
-        row = self._db.one("database_now", q.NOW, {})
+        row = self._db.one("database_now", sql.hosts.NOW, {})
         assert row is not None  # noqa: S101 - SELECT now() always returns a row
         return row["now"]  # type: ignore[no-any-return]
 
     def fleet_counts(self) -> FleetCounts:
         """Runs by status, attempts by outcome, takeovers by cause, expired leases and
         the highest unsettled epoch: what a metrics scrape reads."""
-        row = self._db.one("fleet_counts", q.FLEET_COUNTS, {})
+        row = self._db.one("fleet_counts", sql.hosts.FLEET_COUNTS, {})
         assert row is not None  # noqa: S101 - a SELECT of aggregates always returns a row
         return FleetCounts.from_row(row)
 
     def get_run(self, run_id: str) -> Run | None:
         check_id(run_id, "run_id")
-        row = self._db.one("get_run", q.GET_RUN, {"run_id": run_id}, run_id=run_id)
+        row = self._db.one("get_run", sql.reads.GET_RUN, {"run_id": run_id}, run_id=run_id)
         return None if row is None else Run.from_row(row)
 
     def list_runs(
@@ -76,7 +76,7 @@ class MaintenanceMixin(StoreBase):
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise InvalidInputError(f"offset must be a non-negative integer, got {offset!r}")
         params["offset"] = offset
-        return [Run.from_row(r) for r in self._db.rows("list_runs", q.LIST_RUNS, params)]
+        return [Run.from_row(r) for r in self._db.rows("list_runs", sql.reads.LIST_RUNS, params)]
 
     def count_runs(
         self,
@@ -100,7 +100,7 @@ class MaintenanceMixin(StoreBase):
             window=window,
         )
         params["most"] = check_limit(most)
-        row = self._db.one("count_runs", q.COUNT_RUNS, params)
+        row = self._db.one("count_runs", sql.reads.COUNT_RUNS, params)
         assert row is not None  # noqa: S101 - a count always returns a row
         return int(row["n"])
 
@@ -117,7 +117,7 @@ class MaintenanceMixin(StoreBase):
         params = self._session_filter(key_name, search)
         params["limit"] = check_limit(limit)
         params["offset"] = _check_offset(offset)
-        rows = self._db.rows("list_sessions", q.LIST_SESSIONS, params)
+        rows = self._db.rows("list_sessions", sql.reads.LIST_SESSIONS, params)
         return [SessionSummary.from_row(r) for r in rows]
 
     def count_sessions(
@@ -127,7 +127,7 @@ class MaintenanceMixin(StoreBase):
         limit, counted up to ``most``."""
         params = self._session_filter(key_name, search)
         params["most"] = check_limit(most)
-        row = self._db.one("count_sessions", q.COUNT_SESSIONS, params)
+        row = self._db.one("count_sessions", sql.reads.COUNT_SESSIONS, params)
         assert row is not None  # noqa: S101 - a count always returns a row
         return int(row["n"])
 
@@ -161,7 +161,7 @@ class MaintenanceMixin(StoreBase):
         """The run's attempts, oldest first (a handed-over attempt awaiting adoption has
         no row yet)."""
         params = {"run_id": check_id(run_id, "run_id")}
-        rows = self._db.rows("attempts", q.RUN_ATTEMPTS, params, run_id=run_id)
+        rows = self._db.rows("attempts", sql.reads.RUN_ATTEMPTS, params, run_id=run_id)
         return [AttemptRecord.from_row(r) for r in rows]
 
     def record_attempt_log_seq(self, claim: Claim, log_seq: int) -> None:
@@ -173,7 +173,7 @@ class MaintenanceMixin(StoreBase):
             raise InvalidInputError(f"log_seq must be a positive integer, got {log_seq!r}")
         params = {"run_id": claim.run_id, "attempt_id": claim.attempt_id, "log_seq": log_seq}
         self._db.rows(
-            "record_attempt_log_seq", q.RECORD_ATTEMPT_LOG_SEQ, params, run_id=claim.run_id
+            "record_attempt_log_seq", sql.reads.RECORD_ATTEMPT_LOG_SEQ, params, run_id=claim.run_id
         )
 
     def expired_runs(self, limit: int) -> list[Run]:
@@ -181,7 +181,7 @@ class MaintenanceMixin(StoreBase):
 
         To hand them over, use ``hand_over_expired``, which locks with SKIP LOCKED.
         """
-        rows = self._db.rows("expired_runs", q.EXPIRED_RUNS, {"limit": check_limit(limit)})
+        rows = self._db.rows("expired_runs", sql.reads.EXPIRED_RUNS, {"limit": check_limit(limit)})
         return [Run.from_row(r) for r in rows]
 
     def stale_queued_runs(self, older_than: float, limit: int) -> list[Run]:
@@ -192,32 +192,37 @@ class MaintenanceMixin(StoreBase):
             "limit": check_limit(limit),
         }
         return [
-            Run.from_row(r) for r in self._db.rows("stale_queued_runs", q.STALE_QUEUED_RUNS, params)
+            Run.from_row(r)
+            for r in self._db.rows("stale_queued_runs", sql.reads.STALE_QUEUED_RUNS, params)
         ]
 
     def waiting_behind(self, run_id: str) -> int | None:
         """How many unsettled runs of its session a queued run waits behind (0: it
         starts next); None for a run that is not queued."""
         params = {"run_id": check_id(run_id, "run_id")}
-        row = self._db.one("waiting_behind", q.WAITING_BEHIND, params)
+        row = self._db.one("waiting_behind", sql.reads.WAITING_BEHIND, params)
         return None if row is None else int(row["waiting_behind"])
 
     def next_in_session(self, run_id: str) -> str | None:
         """Once ``run_id`` is settled, the queued run of its session that leads now."""
         params = {"run_id": check_id(run_id, "run_id")}
-        row = self._db.one("next_in_session", q.NEXT_IN_SESSION, params)
+        row = self._db.one("next_in_session", sql.reads.NEXT_IN_SESSION, params)
         return None if row is None else str(row["run_id"])
 
     def mark_dispatched(self, run_id: str) -> bool:
         """Record that a task for this queued run was enqueued (now, on the DB clock)."""
         check_id(run_id, "run_id")
-        return self._db.one("mark_dispatched", q.MARK_DISPATCHED, {"run_id": run_id}) is not None
+        return (
+            self._db.one("mark_dispatched", sql.reads.MARK_DISPATCHED, {"run_id": run_id})
+            is not None
+        )
 
     def recently_settled(self, within: float, limit: int) -> list[Run]:
         """Runs settled in the last ``within`` seconds (database clock), oldest first."""
         params = {"within": check_seconds(within, "within"), "limit": check_limit(limit)}
         return [
-            Run.from_row(r) for r in self._db.rows("recently_settled", q.RECENTLY_SETTLED, params)
+            Run.from_row(r)
+            for r in self._db.rows("recently_settled", sql.reaping.RECENTLY_SETTLED, params)
         ]
 
     def runs_to_reap(
@@ -233,24 +238,30 @@ class MaintenanceMixin(StoreBase):
             "host": None if host is None else check_id(host, "host_id"),
             "host_local": sorted(host_local),
         }
-        rows = self._db.rows("runs_to_reap", q.RUNS_TO_REAP, params)
+        rows = self._db.rows("runs_to_reap", sql.reaping.RUNS_TO_REAP, params)
         return [Run.from_row(r) for r in rows]
 
     def forget_sandbox(self, run_id: str) -> bool:
         """Drop a settled run's sandbox reference once its sandbox is destroyed."""
         check_id(run_id, "run_id")
-        return self._db.one("forget_sandbox", q.FORGET_SANDBOX, {"run_id": run_id}) is not None
+        return (
+            self._db.one("forget_sandbox", sql.reaping.FORGET_SANDBOX, {"run_id": run_id})
+            is not None
+        )
 
     def unsettled_sandbox_refs(self) -> list[Any]:
         """The sandbox references of queued and running runs: what the reaper must keep."""
-        return [r["sandbox_ref"] for r in self._db.rows("unsettled", q.UNSETTLED_SANDBOX_REFS, {})]
+        return [
+            r["sandbox_ref"]
+            for r in self._db.rows("unsettled", sql.reaping.UNSETTLED_SANDBOX_REFS, {})
+        ]
 
     def superseded_sandboxes(self, within: float) -> set[str]:
         """The ids of sandboxes that runs (unsettled, or settled within ``within``
         seconds) ran an agent process in and have moved on from: nothing will read
         them again, and an agent still running there does the run's work twice."""
         params = {"within": check_seconds(within, "within")}
-        rows = self._db.rows("superseded_sandboxes", q.SUPERSEDED_SANDBOXES, params)
+        rows = self._db.rows("superseded_sandboxes", sql.reaping.SUPERSEDED_SANDBOXES, params)
         return {str(r["sandbox_id"]) for r in rows}
 
     def prune_settled(self, older_than: float, limit: int) -> int:
@@ -263,7 +274,7 @@ class MaintenanceMixin(StoreBase):
             "older_than": check_seconds(older_than, "older_than", allow_zero=True),
             "limit": check_limit(limit),
         }
-        row = self._db.one("prune_settled", q.PRUNE_SETTLED, params)
+        row = self._db.one("prune_settled", sql.reaping.PRUNE_SETTLED, params)
         return int(row["count"]) if row is not None else 0
 
 

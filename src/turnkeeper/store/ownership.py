@@ -16,7 +16,7 @@ import psycopg
 
 from turnkeeper.errors import InvalidInputError, StoreError
 from turnkeeper.logconfig import get_logger
-from turnkeeper.store import queries as q
+from turnkeeper.store import sql
 from turnkeeper.store.database import Row, StoreBase
 from turnkeeper.store.records import (
     BegunRun,
@@ -45,7 +45,7 @@ class OwnershipMixin(StoreBase):
     """Who owns a run, and how its ownership ends."""
 
     def _claim(
-        self, name: str, sql: q.Statement, run_id: str, owner: str, lease_ttl: float
+        self, name: str, sql: sql.statement.Statement, run_id: str, owner: str, lease_ttl: float
     ) -> Row | None:
         """Run a claiming statement under a new attempt id: its row, or None when the
         run is not claimable (or its session already runs one: the one-running-run-per-
@@ -67,7 +67,7 @@ class OwnershipMixin(StoreBase):
 
     def claim_run(self, run_id: str, owner: str, lease_ttl: float) -> Claim | None:
         """Queued -> running under a new attempt, if this run is its session's head."""
-        row = self._claim("claim_run", q.CLAIM_RUN, run_id, owner, lease_ttl)
+        row = self._claim("claim_run", sql.ownership.CLAIM_RUN, run_id, owner, lease_ttl)
         if row is None:
             return None
         claim = Claim.from_row(row)
@@ -78,7 +78,9 @@ class OwnershipMixin(StoreBase):
         """``claim_run``, and in the same statement the run as claimed, and (unless it
         branches) its input appended under the session's leaf and turn 0 begun: the
         first writes of a fresh run, all under the attempt this statement makes."""
-        row = self._claim("claim_and_begin", q.CLAIM_AND_BEGIN, run_id, owner, lease_ttl)
+        row = self._claim(
+            "claim_and_begin", sql.ownership.CLAIM_AND_BEGIN, run_id, owner, lease_ttl
+        )
         if row is None:
             return None
         begun = BegunRun.from_row(row)
@@ -97,7 +99,7 @@ class OwnershipMixin(StoreBase):
         check_claim(claim)
         ttl = check_seconds(lease_ttl, "lease_ttl")
         params = {"run_id": claim.run_id, "attempt_id": claim.attempt_id, "lease_ttl": ttl}
-        verdict = self._owner_write("renew_lease", q.RENEW_LEASE, params, claim)
+        verdict = self._owner_write("renew_lease", sql.ownership.RENEW_LEASE, params, claim)
         if verdict is not Verdict.DONE:
             log.warning(
                 "lease.lost", run_id=claim.run_id, attempt_id=claim.attempt_id, epoch=claim.epoch
@@ -114,7 +116,7 @@ class OwnershipMixin(StoreBase):
             "attempt_id": claim.attempt_id,
             "give_back": int(give_back_attempt),
         }
-        verdict = self._owner_write("release_lease", q.RELEASE_LEASE, params, claim)
+        verdict = self._owner_write("release_lease", sql.ownership.RELEASE_LEASE, params, claim)
         if verdict is Verdict.DONE:
             log.info(
                 "lease.released",
@@ -150,7 +152,9 @@ class OwnershipMixin(StoreBase):
             "lease_ttl": ttl,
             "only_if_expired": bool(only_if_expired),
         }
-        row = self._db.one("replace_turn_slot_attempt", q.REPLACE_ATTEMPT, params, run_id=run_id)
+        row = self._db.one(
+            "replace_turn_slot_attempt", sql.ownership.REPLACE_ATTEMPT, params, run_id=run_id
+        )
         if row is None:
             return None
         claim = Claim.from_row(row)
@@ -175,7 +179,7 @@ class OwnershipMixin(StoreBase):
         """
         rows = self._db.rows(
             "hand_over_expired",
-            q.HAND_OVER_EXPIRED,
+            sql.ownership.HAND_OVER_EXPIRED,
             {"limit": check_limit(limit), "cause": "lease"},
         )
         claims = [Claim.from_row(r) for r in rows]
@@ -194,12 +198,16 @@ class OwnershipMixin(StoreBase):
         (docs/architecture.md, "Crash detection")."""
         check_claim(claim)
         params = {"run_id": claim.run_id, "attempt_id": claim.attempt_id}
-        return self._owner_write("mark_owner_locked", q.MARK_OWNER_LOCKED, params, claim)
+        return self._owner_write(
+            "mark_owner_locked", sql.owner_locks.MARK_OWNER_LOCKED, params, claim
+        )
 
     def takeovers_of(self, run_id: str) -> dict[str, int]:
         """How many times the run was handed over, by cause (crash, lease, forced)."""
         check_id(run_id, "run_id")
-        rows = self._db.rows("takeovers_of", q.TAKEOVERS_OF_RUN, {"run_id": run_id}, run_id=run_id)
+        rows = self._db.rows(
+            "takeovers_of", sql.owner_locks.TAKEOVERS_OF_RUN, {"run_id": run_id}, run_id=run_id
+        )
         return {str(r["cause"] or "lease"): int(r["takeovers"]) for r in rows}
 
     def adopt_attempt(
@@ -221,7 +229,7 @@ class OwnershipMixin(StoreBase):
             "owner": owner,
             "lease_ttl": check_seconds(lease_ttl, "lease_ttl"),
         }
-        row = self._db.one("adopt_attempt", q.ADOPT_ATTEMPT, params, run_id=run_id)
+        row = self._db.one("adopt_attempt", sql.owner_locks.ADOPT_ATTEMPT, params, run_id=run_id)
         if row is None:
             return None
         claim = Claim.from_row(row)
@@ -249,7 +257,7 @@ class OwnershipMixin(StoreBase):
             "limit": check_limit(limit),
             "just_sent": list(just_sent),
         }
-        rows = self._db.rows("redispatch_takeovers", q.REDISPATCH_TAKEOVERS, params)
+        rows = self._db.rows("redispatch_takeovers", sql.owner_locks.REDISPATCH_TAKEOVERS, params)
         return [Claim.from_row(r) for r in rows]
 
     def expire_exhausted(self, limit: int, *, run_id: str | None = None) -> list[Run]:
@@ -261,7 +269,11 @@ class OwnershipMixin(StoreBase):
         The error column says why; the caller writes the error chunk to the log.
         """
         params = {"limit": check_limit(limit), "run_id": check_optional_id(run_id, "run_id")}
-        query = q.EXPIRE_EXHAUSTED if run_id is None else q.EXPIRE_RUN_EXHAUSTED
+        query = (
+            sql.owner_locks.EXPIRE_EXHAUSTED
+            if run_id is None
+            else sql.owner_locks.EXPIRE_RUN_EXHAUSTED
+        )
         rows = self._db.rows("expire_exhausted", query, params)
         runs = [Run.from_row(r) for r in rows]
         for run in runs:
@@ -295,10 +307,15 @@ class OwnershipMixin(StoreBase):
             "error": None if error is None else to_json(storable(error), "error"),
             "agent_session_id": check_optional_id(agent_session_id, "agent_session_id"),
         }
-        if self._db.one("settle_run", q.SETTLE_RUN, params, run_id=claim.run_id) is None:
+        if (
+            self._db.one("settle_run", sql.owner_locks.SETTLE_RUN, params, run_id=claim.run_id)
+            is None
+        ):
             # A settled run is nobody's, except to the retry of the very settle that
             # ended it (its reply lost), for which it is already made.
-            retried = self._db.one("settle_run", q.SETTLED_BY, params, run_id=claim.run_id)
+            retried = self._db.one(
+                "settle_run", sql.owner_locks.SETTLED_BY, params, run_id=claim.run_id
+            )
             return Verdict.WRONG_STATE if retried is not None else self._refusal(claim)
         log.info(
             "run.settled",
@@ -323,7 +340,7 @@ class OwnershipMixin(StoreBase):
             "sandbox_ref": to_json(dict(sandbox_ref), "sandbox_ref"),
             "keeps_workspace": bool(keeps_workspace),
         }
-        return self._owner_write("record_sandbox", q.RECORD_SANDBOX, params, claim)
+        return self._owner_write("record_sandbox", sql.owner_locks.RECORD_SANDBOX, params, claim)
 
     def request_cancel(self, run_id: str) -> Run | None:
         """A queued run is aborted at once; a running one is flagged for its owner.
@@ -331,7 +348,9 @@ class OwnershipMixin(StoreBase):
         Returns the run as it is now, or None for an unknown or already settled run.
         """
         check_id(run_id, "run_id")
-        row = self._db.one("request_cancel", q.REQUEST_CANCEL, {"run_id": run_id}, run_id=run_id)
+        row = self._db.one(
+            "request_cancel", sql.owner_locks.REQUEST_CANCEL, {"run_id": run_id}, run_id=run_id
+        )
         if row is None:
             return None
         run = Run.from_row(row)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Self, get_args, get_type_hints
 
 from turnkeeper.errors import InvalidInputError
 
@@ -72,21 +72,53 @@ class Verdict(StrEnum):
     needs (it was already made, or the turn moved on)."""
 
 
+class Record:
+    """A row of the store as a frozen dataclass: the row's columns are its fields (any
+    other column is not read), and a field typed with one of the store's enums gets
+    the enum member of the value the row holds (an unknown one is refused)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Self:
+        names, enums = _shape(cls)
+        values = {name: row[name] for name in names if name in row}
+        for name, enum in enums:
+            if values.get(name) is not None:
+                values[name] = enum(values[name])
+        return cls(**values)
+
+
+_Shape = tuple[tuple[str, ...], tuple[tuple[str, type[StrEnum]], ...]]
+_SHAPES: dict[type, _Shape] = {}
+
+
+def _shape(cls: type[Any]) -> _Shape:
+    """A record's field names, and the fields typed with an enum (alone, or or-ed with
+    None) with that enum; worked out once a class."""
+    shape = _SHAPES.get(cls)
+    if shape is None:
+        enums = tuple(
+            (name, kind)
+            for name, hint in get_type_hints(cls).items()
+            for kind in get_args(hint) or (hint,)
+            if isinstance(kind, type) and issubclass(kind, StrEnum)
+        )
+        shape = _SHAPES[cls] = (tuple(f.name for f in fields(cls)), enums)
+    return shape
+
+
 @dataclass(frozen=True, slots=True)
-class Claim:
+class Claim(Record):
     """Proof of ownership: every owner write is guarded by ``attempt_id``."""
 
     run_id: str
     attempt_id: str
     epoch: int
 
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Claim:
-        return cls(row["run_id"], row["attempt_id"], row["epoch"])
-
 
 @dataclass(frozen=True, slots=True)
-class Run:
+class Run(Record):
     run_id: str
     seq: int
     session_id: str
@@ -128,15 +160,9 @@ class Run:
         own, destroyed once it settled (docs/architecture.md, "Session workspaces")."""
         return self.session_id != self.run_id
 
-    @classmethod
-    def from_row(cls, row: Mapping[Any, Any]) -> Run:
-        values = dict(row)
-        values["status"] = RunStatus(values["status"])
-        return cls(**values)
-
 
 @dataclass(frozen=True, slots=True)
-class AttemptRecord:
+class AttemptRecord(Record):
     """One attempt of a run, as the ``attempts`` table keeps it."""
 
     attempt_id: str
@@ -156,13 +182,9 @@ class AttemptRecord:
     last_stored_at: datetime | None = None
     """When it last did."""
 
-    @classmethod
-    def from_row(cls, row: Mapping[Any, Any]) -> AttemptRecord:
-        return cls(**dict(row))
-
 
 @dataclass(frozen=True, slots=True)
-class ApiKey:
+class ApiKey(Record):
     """An API key as the store knows it: its name and scopes, never the key itself."""
 
     name: str
@@ -173,13 +195,9 @@ class ApiKey:
     last_used_at: datetime | None
     revoked_at: datetime | None
 
-    @classmethod
-    def from_row(cls, row: Mapping[Any, Any]) -> ApiKey:
-        return cls(**dict(row))
-
 
 @dataclass(frozen=True, slots=True)
-class Worker:
+class Worker(Record):
     """A worker process as its heartbeats left it: its host, and any drain it was given."""
 
     worker_id: str
@@ -193,10 +211,6 @@ class Worker:
     alive: bool
     """Seen within ``host_dead_after`` (the database clock)."""
 
-    @classmethod
-    def from_row(cls, row: Mapping[Any, Any]) -> Worker:
-        return cls(**dict(row))
-
 
 @dataclass(frozen=True, slots=True)
 class WorkerOrders:
@@ -207,7 +221,7 @@ class WorkerOrders:
 
 
 @dataclass(frozen=True, slots=True)
-class PlacedSandbox:
+class PlacedSandbox(Record):
     """A sandbox some run's placement still names, and the host that made it."""
 
     run_id: str
@@ -218,15 +232,9 @@ class PlacedSandbox:
     provider: str | None
     sandbox_id: str | None
 
-    @classmethod
-    def from_row(cls, row: Mapping[Any, Any]) -> PlacedSandbox:
-        values = dict(row)
-        values["status"] = RunStatus(values["status"])
-        return cls(**values)
-
 
 @dataclass(frozen=True, slots=True)
-class TurnSlot:
+class TurnSlot(Record):
     """The one turn slot of a run: how far its current turn got."""
 
     run_id: str
@@ -242,12 +250,6 @@ class TurnSlot:
     journal_consumed_at: datetime | None
     created_at: datetime
     updated_at: datetime
-
-    @classmethod
-    def from_row(cls, row: Mapping[Any, Any]) -> TurnSlot:
-        values = dict(row)
-        values["phase"] = TurnPhase(values["phase"])
-        return cls(**values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,7 +284,7 @@ class NewEntry:
 
 
 @dataclass(frozen=True, slots=True)
-class TranscriptEntry:
+class TranscriptEntry(Record):
     session_id: str
     entry_id: str
     parent_id: str | None
@@ -293,13 +295,9 @@ class TranscriptEntry:
     position: int
     created_at: datetime
 
-    @classmethod
-    def from_row(cls, row: Mapping[Any, Any]) -> TranscriptEntry:
-        return cls(**dict(row))
-
 
 @dataclass(frozen=True, slots=True)
-class SessionSummary:
+class SessionSummary(Record):
     """A session as a list shows it: its tenant, its leaf, its runs and the latest one."""
 
     session_id: str
@@ -314,16 +312,9 @@ class SessionSummary:
     last_run_at: datetime | None
     """When the latest run was admitted."""
 
-    @classmethod
-    def from_row(cls, row: Mapping[Any, Any]) -> SessionSummary:
-        values = dict(row)
-        status = values["last_status"]
-        values["last_status"] = None if status is None else RunStatus(status)
-        return cls(**values)
-
 
 @dataclass(frozen=True, slots=True)
-class FleetCounts:
+class FleetCounts(Record):
     """The store's side of the fleet's metrics, read in one statement."""
 
     runs_by_status: dict[str, int]
@@ -334,10 +325,6 @@ class FleetCounts:
     """Running runs whose lease expired (the database clock), awaiting a takeover."""
     max_epoch: int
     """The highest epoch of a queued or running run."""
-
-    @classmethod
-    def from_row(cls, row: Mapping[Any, Any]) -> FleetCounts:
-        return cls(**dict(row))
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,7 +390,7 @@ class WorkerSlot:
 
 
 @dataclass(frozen=True, slots=True)
-class FleetMinute:
+class FleetMinute(Record):
     """One minute of the fleet's activity: runs started, settled and taken over."""
 
     minute: datetime
@@ -412,10 +399,6 @@ class FleetMinute:
     """By status: completed, failed, aborted."""
     takeovers: dict[str, int]
     """By cause: crash, lease, forced."""
-
-    @classmethod
-    def from_row(cls, row: Mapping[Any, Any]) -> FleetMinute:
-        return cls(**dict(row))
 
 
 @dataclass(frozen=True, slots=True)
@@ -435,16 +418,12 @@ class LatencyHistogram:
 
 
 @dataclass(frozen=True, slots=True)
-class Sweep:
+class Sweep(Record):
     """When one of beat's periodic sweeps last finished, on the database clock."""
 
     name: str
     finished_at: datetime
     seconds_ago: float
-
-    @classmethod
-    def from_row(cls, row: Mapping[Any, Any]) -> Sweep:
-        return cls(**dict(row))
 
 
 @dataclass(frozen=True, slots=True)

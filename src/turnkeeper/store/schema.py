@@ -1,6 +1,6 @@
 """The store's tables, as one SQLAlchemy Core ``MetaData``; migrations follow it.
 
-The statements that read and write these tables are in ``queries.py``; this
+The statements that read and write these tables are in ``store/sql/``; this
 module only says what exists, so that a migration can be checked against it.
 """
 

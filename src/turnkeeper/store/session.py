@@ -28,10 +28,10 @@ from psycopg.rows import DictRow, dict_row
 from turnkeeper.config import plain_postgres_url
 from turnkeeper.errors import StoreError, StoreUnavailableError
 from turnkeeper.owner import APPLICATION_NAME_BYTES, session_name
-from turnkeeper.store import queries as q
+from turnkeeper.store import sql
 from turnkeeper.store.database import _CONNECT_TIMEOUT, Row, _fetch, store_error
-from turnkeeper.store.queries import pyformat
 from turnkeeper.store.records import Claim, check_limit
+from turnkeeper.store.sql.statement import pyformat
 
 
 class LockSession:
@@ -76,7 +76,7 @@ class LockSession:
     def rows(
         self,
         operation: str,
-        statement: q.Statement,
+        statement: sql.statement.Statement,
         params: Mapping[str, Any],
         *,
         reconnect: bool = True,
@@ -102,7 +102,7 @@ class LockSession:
         if not self.connected:
             return False
         try:
-            self.rows("lock_session.alive", q.NOW, {}, reconnect=False)
+            self.rows("lock_session.alive", sql.hosts.NOW, {}, reconnect=False)
         except StoreError:
             self.close()
         return self.connected
@@ -140,7 +140,7 @@ def _keepalives(lease_ttl: float) -> dict[str, Any]:
 
 def store_session_name(owner: str) -> str:
     """The application name of the store sessions of the worker process ``owner``."""
-    return session_name(q.STORE_SESSION_PREFIX, owner)
+    return session_name(sql.statement.STORE_SESSION_PREFIX, owner)
 
 
 class OwnerLockSession(LockSession):
@@ -149,7 +149,7 @@ class OwnerLockSession(LockSession):
     def __init__(self, database_url: str, *, owner: str, lease_ttl: float) -> None:
         super().__init__(
             database_url,
-            application_name=session_name(q.LOCKS_SESSION_PREFIX, owner),
+            application_name=session_name(sql.statement.LOCKS_SESSION_PREFIX, owner),
             **_keepalives(lease_ttl),
         )
 
@@ -166,10 +166,18 @@ class OwnerLockSession(LockSession):
             "run_ids": [c.run_id for c in claims],
             "attempt_ids": [c.attempt_id for c in claims],
         }
-        return {r["run_id"] for r in self.rows("take_owner_locks", q.TAKE_OWNER_LOCKS, params)}
+        return {
+            r["run_id"]
+            for r in self.rows("take_owner_locks", sql.owner_locks.TAKE_OWNER_LOCKS, params)
+        }
 
     def release(self, run_id: str) -> None:
-        self.rows("release_owner_lock", q.RELEASE_OWNER_LOCK, {"run_id": run_id}, run_id=run_id)
+        self.rows(
+            "release_owner_lock",
+            sql.owner_locks.RELEASE_OWNER_LOCK,
+            {"run_id": run_id},
+            run_id=run_id,
+        )
 
 
 @dataclass(frozen=True)
@@ -198,7 +206,7 @@ class WatchSession(LockSession):
         the first is probing as held, and arm a run whose owner may be gone."""
         if self._leading and self._leading == self.generation and self.connected:
             return True
-        rows = self.rows("lead_watchers", q.LEAD_WATCHERS, {})
+        rows = self.rows("lead_watchers", sql.owner_locks.LEAD_WATCHERS, {})
         self._leading = self.generation if rows and rows[0]["leading"] else 0
         return bool(self._leading)
 
@@ -208,7 +216,7 @@ class WatchSession(LockSession):
         after = 0
         while True:
             params = {"after_seq": after, "limit": check_limit(batch)}
-            page = self.rows("watched_owners", q.WATCHED_OWNERS, params)
+            page = self.rows("watched_owners", sql.owner_locks.WATCHED_OWNERS, params)
             found += [WatchedOwner(r["run_id"], r["attempt_id"], r["seq"], r["held"]) for r in page]
             if len(page) < batch:
                 return found
@@ -223,7 +231,7 @@ class WatchSession(LockSession):
             "run_ids": [o.run_id for o in owners],
             "attempt_ids": [o.attempt_id for o in owners],
         }
-        rows = self.rows("live_owners", q.LIVE_OWNERS, params, reconnect=False)
+        rows = self.rows("live_owners", sql.owner_locks.LIVE_OWNERS, params, reconnect=False)
         return {r["run_id"] for r in rows}
 
     def hand_over_absent(self, owners: Iterable[WatchedOwner]) -> list[Claim]:
@@ -240,5 +248,7 @@ class WatchSession(LockSession):
             "attempt_ids": [o.attempt_id for o in owners],
             "cause": "crash",
         }
-        rows = self.rows("hand_over_absent", q.HAND_OVER_ABSENT, params, reconnect=False)
+        rows = self.rows(
+            "hand_over_absent", sql.owner_locks.HAND_OVER_ABSENT, params, reconnect=False
+        )
         return [Claim.from_row(r) for r in rows]

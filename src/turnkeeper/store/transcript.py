@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from turnkeeper.errors import InvalidInputError, StoreError, TranscriptConflictError
-from turnkeeper.store import queries as q
+from turnkeeper.store import sql
 from turnkeeper.store.database import StoreBase
 from turnkeeper.store.records import (
     Claim,
@@ -73,7 +73,7 @@ class TranscriptMixin(StoreBase):
             "attempt_id": claim.attempt_id,
             "session_id": session_id,
         }
-        row = self._db.one("append_transcript", q.APPEND_TRANSCRIPT, params, **fields)
+        row = self._db.one("append_transcript", sql.transcript.APPEND_TRANSCRIPT, params, **fields)
         assert row is not None  # noqa: S101 - the statement always returns one row
         if not row["owned"]:
             return None
@@ -87,8 +87,8 @@ class TranscriptMixin(StoreBase):
             return str(new_leaf)
         # Nothing written: a replay of this very append, or a conflict. Which one?
         with self._db.transaction("append_transcript", **fields) as tx:
-            stored = {r["entry_id"]: r for r in tx.rows(q.STORED_ENTRIES, params)}
-            current = tx.scalar(q.CURRENT_LEAF, params)
+            stored = {r["entry_id"]: r for r in tx.rows(sql.transcript.STORED_ENTRIES, params)}
+            current = tx.scalar(sql.transcript.CURRENT_LEAF, params)
         if all(
             (s := stored.get(e["entry_id"])) is not None
             and (s["parent_id"], s["kind"], s["body"]) == (e["parent_id"], e["kind"], e["body"])
@@ -148,12 +148,15 @@ class TranscriptMixin(StoreBase):
             "session_id": check_id(session_id, "session_id"),
             "entry_id": check_id(entry_id, "entry_id"),
         }
-        return self._db.one("set_leaf", q.SET_LEAF, params, run_id=claim.run_id) is not None
+        return (
+            self._db.one("set_leaf", sql.transcript.SET_LEAF, params, run_id=claim.run_id)
+            is not None
+        )
 
     def session_leaf(self, session_id: str) -> str | None:
         """The session's current leaf entry id (None for a new or empty session)."""
         check_id(session_id, "session_id")
-        row = self._db.one("session_leaf", q.CURRENT_LEAF, {"session_id": session_id})
+        row = self._db.one("session_leaf", sql.transcript.CURRENT_LEAF, {"session_id": session_id})
         return None if row is None else row["leaf_id"]
 
     def entry_parent(self, session_id: str, entry_id: str) -> tuple[bool, str | None]:
@@ -163,13 +166,13 @@ class TranscriptMixin(StoreBase):
             "session_id": session_id,
             "entry_ids": json.dumps([check_id(entry_id, "entry_id")]),
         }
-        row = self._db.one("entry_parent", q.STORED_ENTRIES, params)
+        row = self._db.one("entry_parent", sql.transcript.STORED_ENTRIES, params)
         return (False, None) if row is None else (True, row["parent_id"])
 
     def session_entries(self, session_id: str) -> list[TranscriptEntry]:
         """Every entry of the session's tree, in the order they were stored."""
         params = {"session_id": check_id(session_id, "session_id")}
-        rows = self._db.rows("session_entries", q.SESSION_ENTRIES, params)
+        rows = self._db.rows("session_entries", sql.transcript.SESSION_ENTRIES, params)
         return [TranscriptEntry.from_row(r) for r in rows]
 
     def path_to(self, session_id: str, entry_id: str) -> list[TranscriptEntry]:
@@ -178,11 +181,11 @@ class TranscriptMixin(StoreBase):
             "session_id": check_id(session_id, "session_id"),
             "entry_id": check_id(entry_id, "entry_id"),
         }
-        rows = self._db.rows("path_to", q.PATH_TO_ENTRY, params)
+        rows = self._db.rows("path_to", sql.transcript.PATH_TO_ENTRY, params)
         return [TranscriptEntry.from_row(r) for r in rows]
 
     def active_path(self, session_id: str) -> list[TranscriptEntry]:
         """The entries from the root to the session's leaf."""
         check_id(session_id, "session_id")
-        rows = self._db.rows("active_path", q.ACTIVE_PATH, {"session_id": session_id})
+        rows = self._db.rows("active_path", sql.transcript.ACTIVE_PATH, {"session_id": session_id})
         return [TranscriptEntry.from_row(r) for r in rows]

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from turnkeeper.errors import InvalidInputError, SegmentConflictError, StoreError
-from turnkeeper.store import queries as q
+from turnkeeper.store import sql
 from turnkeeper.store.database import StoreBase
 from turnkeeper.store.records import (
     PHASE_PREDECESSORS,
@@ -64,7 +64,7 @@ class TurnsMixin(StoreBase):
             "turn_id": check_id(turn_id, "turn_id"),
             "checkpoint_leaf_id": check_optional_id(checkpoint_leaf_id, "checkpoint_leaf_id"),
         }
-        return self._owner_write("begin_turn_slot", q.BEGIN_TURN_SLOT, params, claim)
+        return self._owner_write("begin_turn_slot", sql.turn_slot.BEGIN_TURN_SLOT, params, claim)
 
     def update_turn_phase(
         self,
@@ -100,7 +100,7 @@ class TurnsMixin(StoreBase):
             "checkpoint_leaf_id": check_optional_id(checkpoint_leaf_id, "checkpoint_leaf_id"),
             "turn_index": turn_index,
         }
-        return self._owner_write("update_turn_phase", q.UPDATE_PHASE, params, claim)
+        return self._owner_write("update_turn_phase", sql.turn_slot.UPDATE_PHASE, params, claim)
 
     def commit_turn_slot(
         self, claim: Claim, committed_leaf_id: str, *, turn_index: int | None = None
@@ -114,7 +114,7 @@ class TurnsMixin(StoreBase):
             "committed_leaf_id": check_id(committed_leaf_id, "committed_leaf_id"),
             "turn_index": turn_index,
         }
-        return self._owner_write("commit_turn_slot", q.COMMIT_TURN_SLOT, params, claim)
+        return self._owner_write("commit_turn_slot", sql.turn_slot.COMMIT_TURN_SLOT, params, claim)
 
     def commit_turn(
         self,
@@ -168,7 +168,7 @@ class TurnsMixin(StoreBase):
         }
         params["tool_checkpoint"] = params.pop("checkpoint_leaf_id")
         fields: dict[str, Any] = {"run_id": claim.run_id, "attempt_id": claim.attempt_id}
-        row = self._db.one("commit_turn", q.COMMIT_TURN, params, **fields)
+        row = self._db.one("commit_turn", sql.turn_slot.COMMIT_TURN, params, **fields)
         assert row is not None  # noqa: S101 - the statement always returns one row
         if not row["owned"]:
             return Verdict.NOT_OWNER
@@ -190,11 +190,15 @@ class TurnsMixin(StoreBase):
             "attempt_id": claim.attempt_id,
             "journal_key": check_id(journal_key, "journal_key"),
         }
-        return self._owner_write("mark_journal_consumed", q.MARK_JOURNAL_CONSUMED, params, claim)
+        return self._owner_write(
+            "mark_journal_consumed", sql.turn_slot.MARK_JOURNAL_CONSUMED, params, claim
+        )
 
     def get_turn_slot(self, run_id: str) -> TurnSlot | None:
         check_id(run_id, "run_id")
-        row = self._db.one("get_turn_slot", q.GET_TURN_SLOT, {"run_id": run_id}, run_id=run_id)
+        row = self._db.one(
+            "get_turn_slot", sql.turn_slot.GET_TURN_SLOT, {"run_id": run_id}, run_id=run_id
+        )
         return None if row is None else TurnSlot.from_row(row)
 
     def append_segment(
@@ -242,7 +246,7 @@ class TurnsMixin(StoreBase):
             "attempt_id": claim.attempt_id,
             "journal_key": journal_key,
         }
-        row = self._db.one("append_segment", q.APPEND_SEGMENT, params, **fields)
+        row = self._db.one("append_segment", sql.segments.APPEND_SEGMENT, params, **fields)
         assert row is not None  # noqa: S101 - the statement always returns one row
         if row["inserted"]:
             return Verdict.DONE
@@ -252,7 +256,7 @@ class TurnsMixin(StoreBase):
             raise SegmentConflictError(
                 "the journal key belongs to another run", reason="foreign-journal", **fields
             )
-        found = self._db.one("append_segment", q.STORED_SEGMENT, params, **fields)
+        found = self._db.one("append_segment", sql.segments.STORED_SEGMENT, params, **fields)
         stored = None if found is None else found["body"]
         if stored is not None:
             if bytes(stored) == data:
@@ -293,10 +297,10 @@ class TurnsMixin(StoreBase):
             "limit": None if limit is None else check_limit(limit),
         }
         if max_bytes is None:
-            rows = self._db.rows("segments", q.SEGMENTS, params)
+            rows = self._db.rows("segments", sql.segments.SEGMENTS, params)
         else:
             params["max_bytes"] = check_limit(max_bytes)
-            rows = self._db.rows("segments", q.SEGMENTS_BOUNDED, params)
+            rows = self._db.rows("segments", sql.segments.SEGMENTS_BOUNDED, params)
         segments = []
         for row in rows:
             start, body = row["byte_start"], bytes(row["body"])
@@ -308,7 +312,7 @@ class TurnsMixin(StoreBase):
     def last_segment(self, journal_key: str) -> Segment | None:
         """The segment that ends a journal's stored bytes (its sentinel, once it ended)."""
         check_id(journal_key, "journal_key")
-        row = self._db.one("last_segment", q.LAST_SEGMENT, {"journal_key": journal_key})
+        row = self._db.one("last_segment", sql.segments.LAST_SEGMENT, {"journal_key": journal_key})
         if row is None:
             return None
         return Segment(row["journal_key"], row["byte_start"], row["byte_end"], bytes(row["body"]))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from turnkeeper.logconfig import get_logger
-from turnkeeper.store import queries as q
+from turnkeeper.store import sql
 from turnkeeper.store.admission import session_lock_key
 from turnkeeper.store.database import StoreBase
 from turnkeeper.store.records import check_id, check_limit, check_seconds
@@ -55,7 +55,7 @@ class WorkspacesMixin(StoreBase):
     def session_workspace(self, session_id: str) -> Workspace | None:
         """The session's workspace as its latest run recorded it; None when it never had one."""
         params = {"session_id": check_id(session_id, "session_id")}
-        row = self._db.one("session_workspace", q.SESSION_WORKSPACE, params)
+        row = self._db.one("session_workspace", sql.workspaces.SESSION_WORKSPACE, params)
         return None if row is None else Workspace.from_row(row["workspace"], row["workspace_host"])
 
     def idle_workspaces(
@@ -74,7 +74,7 @@ class WorkspacesMixin(StoreBase):
             "host": None if host is None else check_id(host, "host_id"),
             "host_local": sorted(host_local),
         }
-        rows = self._db.rows("idle_workspaces", q.IDLE_WORKSPACES, params)
+        rows = self._db.rows("idle_workspaces", sql.workspaces.IDLE_WORKSPACES, params)
         return [IdleWorkspace(str(r["session_id"]), dict(r["sandbox"])) for r in rows]
 
     def retire_workspace(self, session_id: str, sandbox_id: str, ttl: float) -> bool:
@@ -88,8 +88,8 @@ class WorkspacesMixin(StoreBase):
             "lock_key": session_lock_key(session_id),
         }
         with self._db.transaction("retire_workspace", session_id=session_id) as tx:
-            tx.rows(q.LOCK_SESSION, params)
-            retired = tx.one(q.RETIRE_WORKSPACE, params) is not None
+            tx.rows(sql.admission.LOCK_SESSION, params)
+            retired = tx.one(sql.workspaces.RETIRE_WORKSPACE, params) is not None
         if retired:
             log.info("workspace.retired", session_id=session_id, sandbox=sandbox_id)
         return retired
@@ -97,4 +97,6 @@ class WorkspacesMixin(StoreBase):
     def kept_workspaces(self) -> set[str]:
         """The sandbox ids that are sessions' workspaces: never a settled run's to destroy,
         nor an orphan."""
-        return {str(r["sandbox_id"]) for r in self._db.rows("kept", q.KEPT_WORKSPACES, {})}
+        return {
+            str(r["sandbox_id"]) for r in self._db.rows("kept", sql.workspaces.KEPT_WORKSPACES, {})
+        }

@@ -37,10 +37,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from turnkeeper.driver.output import LEASE_RENEWALS, REFUSED_APPENDS
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.log import RunLog
-from turnkeeper.log.runlog import LOGS_LOST
+from turnkeeper.log.runlog import LEASE_RENEWALS, LOGS_LOST, REFUSED_APPENDS
 from turnkeeper.store import Store
 from turnkeeper.store.records import RunStatus
 from turnkeeper.store.schema import HANDOVER_CAUSES

@@ -102,7 +102,7 @@ def prompt_preview(payload: Any) -> str | None:
 
 def agent_name(payload: Any) -> str | None:
     """The agent a run names: its preset, or its inline command's program (what the
-    runs list filters by, ``queries.RUN_AGENT``)."""
+    runs list filters by, ``sql.statement.RUN_AGENT``)."""
     agent = payload.get("agent") if isinstance(payload, dict) else None
     if not isinstance(agent, dict):
         return None

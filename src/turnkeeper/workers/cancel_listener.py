@@ -26,7 +26,7 @@ import structlog
 
 from turnkeeper.config import plain_postgres_url
 from turnkeeper.owner import APPLICATION_NAME_BYTES
-from turnkeeper.store.queries import CANCEL_CHANNEL
+from turnkeeper.store.sql.owner_locks import CANCEL_CHANNEL
 
 log = structlog.get_logger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,11 +18,11 @@ import structlog
 from turnkeeper.agents.spec import AgentSpec
 from turnkeeper.agents.worker_env import worker_values
 from turnkeeper.config import Settings
-from turnkeeper.driver.output import LEASE_RENEWALS
-from turnkeeper.driver.replay import StoredLog
 from turnkeeper.envelope import EnvSealer
 from turnkeeper.errors import SandboxError
 from turnkeeper.log import RunLog
+from turnkeeper.log.origin import LogSource
+from turnkeeper.log.runlog import LEASE_RENEWALS
 from turnkeeper.owner import new_owner
 from turnkeeper.sandbox.factory import at_least_as_strong, provider_for
 from turnkeeper.sandbox.provider import SandboxProvider
@@ -90,7 +90,10 @@ class WorkerRuntime:
             return self._cancels
 
     @classmethod
-    def open(cls, settings: Settings) -> WorkerRuntime:
+    def open(cls, settings: Settings, log_source: Callable[[Store], LogSource]) -> WorkerRuntime:
+        """The runtime of ``settings``; ``log_source`` makes, from its store, what a lost
+        run log is rebuilt from (the driver's ``StoredLog``: this layer, below the
+        driver, never imports it)."""
         owner = new_owner(settings.host_id)
         # Both pools name their sessions alike: the crash watcher reads any of them as
         # a sign that the process lives (``LIVE_OWNERS``).
@@ -104,7 +107,7 @@ class WorkerRuntime:
             namespace=settings.namespace,
             retention_seconds=settings.log_retention,
             max_chunks=settings.log_max_chunks,
-            source=StoredLog(store),
+            source=log_source(store),
         )
         log.info("worker.runtime.opened", owner=owner)
         return cls(
@@ -194,13 +197,13 @@ _runtimes: dict[tuple[int, Settings], WorkerRuntime] = {}
 _runtimes_lock = threading.Lock()
 
 
-def runtime_for(settings: Settings) -> WorkerRuntime:
+def runtime_for(settings: Settings, log_source: Callable[[Store], LogSource]) -> WorkerRuntime:
     """This process's runtime for ``settings``, opened on first use after a fork."""
     key = (os.getpid(), settings)
     with _runtimes_lock:
         runtime = _runtimes.get(key)
         if runtime is None:
-            runtime = _runtimes[key] = WorkerRuntime.open(settings)
+            runtime = _runtimes[key] = WorkerRuntime.open(settings, log_source)
         return runtime
 
 
