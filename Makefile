@@ -8,6 +8,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 PYTEST_WORKERS ?= 4
+# The suite runs heaviest first (tests/tiers.py); an idle worker takes tests queued
+# for a busy one, so no worker is left with a backlog of long tests at the end.
+PYTEST_DIST ?= --dist worksteal
 # `make demo DEMO_FLAGS=` keeps the stack and the dashboard up until Ctrl-C.
 DEMO_FLAGS ?= --exit
 
@@ -23,11 +26,11 @@ demo: $(INSTALLED)
 	$(BIN)/turnkeeper demo $(DEMO_FLAGS)
 
 test: $(INSTALLED) system-deps
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --durations=25 -p no:cacheprovider
+	$(BIN)/pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) --durations=25 -p no:cacheprovider
 
 # The first two tiers (tests/tiers.py): no jail, no worker process, nothing slow.
 test-fast: $(INSTALLED)
-	$(BIN)/pytest -n $(PYTEST_WORKERS) -m "(pure or store) and not slow and not soak" -p no:cacheprovider
+	$(BIN)/pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) -m "(pure or store) and not slow and not soak" -p no:cacheprovider
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

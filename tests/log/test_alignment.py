@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import pytest
 
 from turnkeeper.chunks import Chunk
@@ -10,9 +13,21 @@ from turnkeeper.errors import (
     JournalReplayDivergedError,
     JournalReplayShortError,
 )
-from turnkeeper.log import Aligner, RunLog, Snapshot, align, chunk_kind
+from turnkeeper.log import Aligner, RunLog, Snapshot, chunk_kind
 
 from .samples import custom_chunk, text_chunk
+
+
+def align(
+    replayed: Iterable[Chunk], stored: Any, *, run_id: str, **options: Any
+) -> list[tuple[int, Chunk]]:
+    """What ``Aligner`` says to append for a whole replay, fed as a driver feeds it."""
+    aligner = Aligner(run_id, stored, **options)
+    out: list[tuple[int, Chunk]] = []
+    for chunk in replayed:
+        out.extend(aligner.feed(chunk))
+    aligner.finish()
+    return out
 
 
 def stored(items: list[Chunk]) -> list[tuple[int, Chunk]]:

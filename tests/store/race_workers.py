@@ -81,7 +81,6 @@ def _zombie_writes(store: Store, claim: Claim) -> list[tuple[str, Any]]:
         ("begin", store.begin_turn_slot(claim, 1, "t1", None)),
         ("sandbox", store.record_sandbox(claim, {"zombie": True})),
         ("transcript", store.append_transcript(claim, "s1", [NewEntry("z", "u", {})], None)),
-        ("leaf", store.set_leaf(claim, "s1", "root")),
         ("settle", store.settle_run(claim, "completed")),
     ]
 

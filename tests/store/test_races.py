@@ -130,7 +130,6 @@ def test_the_old_owner_paused_past_its_lease_is_refused_after_takeover(
         ("begin", refused),
         ("sandbox", refused),
         ("transcript", None),
-        ("leaf", False),
         ("settle", refused),
     ]
     after = (store.get_run("r1"), store.get_turn_slot("r1"), store.segments("k"))

@@ -63,17 +63,7 @@ def test_append_refusals(store: Store) -> None:
     assert _ids(store) == ["u1", "n1"]
 
 
-def test_set_leaf_branches_and_is_fenced(store: Store) -> None:
-    claim = claimed(store, "r1")
-    store.append_transcript(claim, "s1", [NewEntry("a", "u", {}), NewEntry("b", "u", {})], None)
-    assert store.set_leaf(claim, "s1", "a")
-    assert store.append_transcript(claim, "s1", [NewEntry("c", "u", {})], "a") == "c"
-    assert _ids(store) == ["a", "c"]
-    assert not store.set_leaf(claim, "s1", "missing")
-    assert not store.set_leaf(Claim("r1", "stale", 1), "s1", "b")
-    assert _ids(store) == ["a", "c"]
-    assert store.set_leaf(claim, "s1", "b")
-    assert _ids(store) == ["a", "b"]
+def test_an_unknown_session_has_an_empty_active_path(store: Store) -> None:
     assert store.active_path("unknown") == []
 
 

@@ -8,7 +8,6 @@ from turnkeeper.log.alignment import (
     AlignmentSummary,
     Snapshot,
     StoredChunks,
-    align,
     chunk_kind,
 )
 from turnkeeper.log.entries import LogState
@@ -29,7 +28,6 @@ __all__ = [
     "RunLog",
     "Snapshot",
     "StoredChunks",
-    "align",
     "chunk_kind",
     "run_tag",
 ]

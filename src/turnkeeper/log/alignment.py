@@ -28,7 +28,7 @@ chunks that a rebuild of the log from Postgres put after the end it knew.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -279,29 +279,3 @@ class Aligner:
         self._next_seq += 1
         self._forwarded += 1
         return [(seq, chunk)]
-
-
-def align(
-    replayed_chunks: Iterable[Chunk],
-    stored: StoredChunks | Sequence[tuple[int, Chunk]],
-    *,
-    run_id: str,
-    out_of_band: Collection[str] = OUT_OF_BAND_KINDS,
-    max_out_of_band_skip: int = DEFAULT_MAX_OUT_OF_BAND_SKIP,
-) -> list[tuple[int, Chunk]]:
-    """The chunks of a whole replay still to append, with their seqs.
-
-    Raises JournalReplayDivergedError or JournalReplayShortError before
-    returning anything.
-    """
-    aligner = Aligner(
-        run_id,
-        stored,
-        out_of_band=out_of_band,
-        max_out_of_band_skip=max_out_of_band_skip,
-    )
-    out: list[tuple[int, Chunk]] = []
-    for chunk in replayed_chunks:
-        out.extend(aligner.feed(chunk))
-    aligner.finish()
-    return out

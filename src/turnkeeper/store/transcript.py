@@ -139,20 +139,6 @@ class TranscriptMixin(StoreBase):
             parent = entry.entry_id
         return chain
 
-    def set_leaf(self, claim: Claim, session_id: str, entry_id: str) -> bool:
-        """Point the session's leaf at an existing entry (a branch), fenced by the attempt."""
-        check_claim(claim)
-        params = {
-            "run_id": claim.run_id,
-            "attempt_id": claim.attempt_id,
-            "session_id": check_id(session_id, "session_id"),
-            "entry_id": check_id(entry_id, "entry_id"),
-        }
-        return (
-            self._db.one("set_leaf", sql.transcript.SET_LEAF, params, run_id=claim.run_id)
-            is not None
-        )
-
     def session_leaf(self, session_id: str) -> str | None:
         """The session's current leaf entry id (None for a new or empty session)."""
         check_id(session_id, "session_id")

@@ -50,20 +50,6 @@ SELECT EXISTS (SELECT 1 FROM writer) AS owned,
        (SELECT count(*) FROM inserted) AS inserted
 """)
 
-SET_LEAF = Statement("""
-WITH writer AS (
-    SELECT 1 FROM runs
-    WHERE run_id = :run_id AND attempt_id = :attempt_id AND status = 'running'
-      AND session_id = :session_id
-    FOR SHARE
-)
-UPDATE sessions s SET leaf_id = :entry_id, version = s.version + 1, updated_at = now()
-WHERE s.session_id = :session_id AND EXISTS (SELECT 1 FROM writer)
-  AND EXISTS (SELECT 1 FROM transcript_entries e
-              WHERE e.session_id = :session_id AND e.entry_id = :entry_id)
-RETURNING s.version
-""")
-
 ACTIVE_PATH = templated("""
 WITH RECURSIVE path AS (
     SELECT $e_entry_columns, 0 AS depth
