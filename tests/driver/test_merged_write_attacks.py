@@ -131,14 +131,22 @@ def _assert_last_turn_committed(fleet: Fleet, run: Run) -> None:
     )
 
 
-def _held_at(fleet: Fleet, tmp_path: Path, lines: int) -> tuple[Run, str]:
-    """Submit AGENT held after ``lines`` lines; return once the owner showed them all."""
+def _held_at(fleet: Fleet, tmp_path: Path, lines: int, first: int | None = None) -> tuple[Run, str]:
+    """Submit AGENT held after ``lines`` lines; return once the owner showed them all.
+
+    With ``first``, the agent is held there before: the owner reads the lines up to it
+    apart from the rest, however fast they came, so a write due with "the next lines"
+    (a tool request's) is made with the lines after ``first``."""
     token = uuid.uuid4().hex
-    run = fleet.client.submit(held_agent(AGENT, token, lines), PROMPT)
-    wait_held(token)
-    shown = chunks_while_held(run.run_id, AGENT, PROMPT, lines, tmp_path / "held")
-    fleet.wait_chunks(run.run_id, shown)
-    assert len(fleet.log_of(run.run_id)) == shown
+    holds = [lines] if first is None else [first, lines]
+    run = fleet.client.submit(held_agent(AGENT, token, holds), PROMPT)
+    for held in holds:
+        shown = chunks_while_held(run.run_id, AGENT, PROMPT, held, tmp_path / f"held-{held}")
+        fleet.wait_chunks(run.run_id, shown)  # the agent stops itself right after them
+        wait_held(token)
+        assert len(fleet.log_of(run.run_id)) == shown
+        if held != lines:
+            release_held(token)
     return fleet.client.require(run.run_id), token
 
 
@@ -187,7 +195,9 @@ def test_sigkill_at_a_merged_write_boundary_of_a_two_tool_run(
     token = ""
     try:
         fleet.start_pair()
-        owned, token = _held_at(fleet, tmp_path, _line(point))
+        field_name, turn, after = point
+        first = _line((field_name, turn, 0)) if after else None
+        owned, token = _held_at(fleet, tmp_path, _line(point), first)
         _wait_slot(fleet, owned, slot)
         fleet.signal_worker_of(owned, signal.SIGKILL)
         release_held(token)
