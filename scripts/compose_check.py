@@ -49,8 +49,8 @@ sys.path.insert(0, str(REPO))
 from tests.driver.fleet import expected_log
 from tests.integration.npm_cache import CLAUDE_PACKAGE, PINNED
 
+from turnkeeper.agents.formats import translator_for
 from turnkeeper.agents.spec import AgentSpec
-from turnkeeper.agents.translator import translator_for
 from turnkeeper.chunks import Chunk
 from turnkeeper.driver import lifecycle
 from turnkeeper.sandbox.codec import encode_run_id

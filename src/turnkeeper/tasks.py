@@ -18,7 +18,7 @@ import os
 from typing import Any
 
 import structlog
-from celery import Celery, concurrency
+from celery import Celery, beat, concurrency
 from celery.concurrency.prefork import TaskPool as PreforkPool
 from celery.concurrency.solo import TaskPool as SoloPool
 from celery.signals import (
@@ -57,6 +57,21 @@ from turnkeeper.workers.beacon import is_worker_command, main_process_pid
 from turnkeeper.workers.runtime import close_runtimes, runtime_for
 
 log = structlog.get_logger(__name__)
+
+
+class SweepScheduler(beat.Scheduler):
+    """Beat's schedule, kept in memory: no file that two beats of one data directory
+    could share (one beat's rewrite of a shared shelve crashed the other's scheduler).
+    Every sweep is due as soon as beat starts, since each is idempotent and cheap: a
+    beat that restarts often still runs the ones of a long interval (prune, every ten
+    minutes by default), which a schedule made afresh would put off a whole interval."""
+
+    def setup_schedule(self) -> None:
+        super().setup_schedule()
+        for entry in self.schedule.values():
+            every = getattr(entry.schedule, "run_every", None)
+            if every is not None:
+                entry.last_run_at = entry.default_now() - every
 
 
 def create_app(settings: Settings, *, turn_worker: bool = True) -> Celery:

@@ -6,6 +6,8 @@ check the app itself: serialization, routing, and the tasks driving a run.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -115,3 +117,30 @@ def test_a_worker_ignores_a_django_projects_settings(settings: Settings, tmp_pat
         assert [chunk for _, chunk in fleet.log_of(run.run_id)] == oracle
     finally:
         fleet.stop()
+
+
+def test_beat_runs_every_sweep_as_it_starts(settings: Settings, tmp_path: Path) -> None:
+    """Sweeps of an hour's interval run when beat starts, and again when it restarts:
+    a beat restarted more often than its prune interval still prunes (its schedule is in
+    memory, made afresh at each start). And it writes no schedule file anywhere."""
+    hour = 3600.0
+    fleet = Fleet.create(settings, tmp_path / "logs", reap_interval=hour, prune_interval=hour)
+    store = fleet.client.store
+    try:
+        for _start in range(2):
+            before = {sweep.name: sweep.finished_at for sweep in store.sweeps()}
+            beat = fleet.start_beat()
+            deadline = time.monotonic() + 120  # a hang guard
+            while True:
+                swept = {sweep.name: sweep.finished_at for sweep in store.sweeps()}
+                fresh = {name for name, at in swept.items() if before.get(name) != at}
+                if {"reconcile", "reap", "prune"} <= fresh:
+                    break
+                assert time.monotonic() < deadline, (swept, fleet.dump_logs())
+                time.sleep(0.1)
+            os.killpg(beat.pid, signal.SIGKILL)  # its embedded beat process too
+            beat.wait()
+    finally:
+        fleet.stop()
+    assert sorted(p.name for p in settings.data_dir.iterdir() if "schedule" in p.name) == []
+    assert sorted(p.name for p in Path.cwd().iterdir() if "schedule" in p.name) == []

@@ -139,10 +139,8 @@ def beat(ctx: typer.Context) -> None:
             "-Q", control_queue(resolved),
             "-n", f"turnkeeper-beat-{os.getpid()}@%h",
             "-P", "solo",
-            # The schedule lives in memory: every sweep is idempotent and cheap, so a
-            # restarted beat may run each at once, and beats that share a data directory
-            # share no shelve file (one beat's rewrite crashed the other's scheduler).
-            "--scheduler", "celery.beat:Scheduler",
+            # In memory, each sweep due at start (tasks.SweepScheduler).
+            "--scheduler", "turnkeeper.tasks:SweepScheduler",
             "--loglevel", resolved.log_level,
         ]  # fmt: skip
 
