@@ -35,7 +35,7 @@ from turnkeeper.sandbox import JournalReader, Sandbox, SandboxSpec, spawn_journa
 from turnkeeper.sandbox.bwrap import BwrapProvider
 from turnkeeper.sandbox.cgroup import CgroupTree, Limits
 from turnkeeper.sandbox.disk import DiskVerdict, file_limit, parse_verdict, watched_launch
-from turnkeeper.sandbox.jail import SECCOMP_FILE
+from turnkeeper.sandbox.jail import SECCOMP_FILE, STOP_JAIL
 from turnkeeper.sandbox.journal import JournalPaths
 from turnkeeper.sandbox.local import LocalProvider
 from turnkeeper.sandbox.provider import SandboxProvider
@@ -123,6 +123,31 @@ def test_a_file_past_the_limit_stops_the_agent_and_keeps_its_output(sandbox: San
     size = sandbox.exec(["stat", "-c", "%s", f"{sandbox.ref.workspace}/big"])
     assert size.stdout == b"%d\n" % LIMIT  # the host got no byte past it
     _wait_gone(name)
+
+
+def test_the_jails_stop_kills_its_bwraps_child_too() -> None:
+    """bwrap's child ties itself to bwrap's life only once it has set the jail up: a
+    bwrap killed before then alone would leave the jail running, orphaned, holding the
+    journal's pipe (``jail.STOP_JAIL``). Here ``$agent`` is a shell whose child outlives
+    it as that child would; the stop kills both, and a process of no one's stays."""
+    seconds = f"30.{secrets.randbelow(10**9):09d}"
+    agent = subprocess.Popen(["sh", "-c", f"sleep {seconds} & wait"])
+    bystander = subprocess.Popen(["sleep", seconds])
+    try:
+        deadline = time.monotonic() + 30
+        while not psutil.Process(agent.pid).children():
+            assert time.monotonic() < deadline, "the agent never started its child"
+            time.sleep(0.01)
+        (child,) = psutil.Process(agent.pid).children()
+        subprocess.run(["sh", "-c", f"agent={agent.pid}; {STOP_JAIL}"], check=True)
+        assert agent.wait(timeout=30) == -signal.SIGKILL
+        gone, alive = psutil.wait_procs([child], timeout=30)
+        assert (gone, alive) == ([child], [])
+        assert bystander.poll() is None
+    finally:
+        for process in (agent, bystander):
+            process.kill()
+            process.wait()
 
 
 def test_too_many_files_stop_the_agent(sandbox: Sandbox) -> None:

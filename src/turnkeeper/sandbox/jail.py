@@ -44,8 +44,17 @@ SECCOMP_FD = 7
 """The writer hands bwrap the seccomp filter (``seccomp.py``) on this descriptor."""
 SECCOMP_FILE = "seccomp.bpf"
 """A root worker's filter, written in each sandbox's root (``BwrapSandbox.launch``)."""
-STOP_JAIL = 'kill -KILL "$agent" 2>/dev/null'
-"""How the disk watcher kills a jailed agent (``AgentLaunch.stop``): its bwrap alone."""
+STOP_JAIL = (
+    'kill -STOP "$agent" 2>/dev/null; '
+    "kill -KILL $(grep -s '^PPid:' /proc/[0-9]*/status | "
+    """awk -F '[/:\\t ]+' -v agent="$agent" '$6 == agent { print $3 }') "$agent" 2>/dev/null"""
+)
+"""How the disk watcher kills a jailed agent (``AgentLaunch.stop``): its bwrap, and
+bwrap's own child (the pid namespace's first process, whose death ends the namespace).
+bwrap's child ties itself to bwrap's life (``--die-with-parent``) only once it has set
+up the jail, so a bwrap killed before then would leave the jail running, orphaned, with
+the journal's pipe open. Stopped first, bwrap reaps no child, so the pid of its child is
+still its child's when the kill arrives."""
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
 ETC_ENTRIES = (
     "ssl", "pki", "ca-certificates", "ca-certificates.conf", "crypto-policies",
