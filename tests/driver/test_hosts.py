@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import secrets
 import signal
 import subprocess
 import time
@@ -25,7 +26,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.driver.fleet import Fleet, expected_log, host_fleet, kill_agents
+from tests.driver.fleet import (
+    Fleet,
+    expected_log,
+    held_agent,
+    host_fleet,
+    kill_agents,
+    release_held,
+    wait_held,
+)
 from tests.driver.test_sandbox_loss import (
     _assert_consistent,
     _assert_every_call_answered_once,
@@ -281,9 +290,16 @@ def test_a_drained_host_hands_its_live_runs_over_and_loses_nothing(
     b.start_beat()
     b.wait_ready()
     agents = [{**LONG, "seed": seed} for seed in (21, 22)]
-    runs = [a.client.submit(agent, PROMPT) for agent in agents]
-    for run in runs:
-        owned = _wait_for_chunks(a, run.run_id, 10)
+    # Each agent holds after its tenth line until the drain is over: a run that ended
+    # on its own before the drain would hand nothing over, however slow the machine.
+    tokens = [secrets.token_hex(8) for _ in agents]
+    runs = [
+        a.client.submit(held_agent(agent, token, 10), PROMPT)
+        for agent, token in zip(agents, tokens, strict=True)
+    ]
+    for run, token in zip(runs, tokens, strict=True):
+        wait_held(token)
+        owned = a.client.require(run.run_id)
         assert owned.owner is not None
         assert _host_of(owned.owner) == "host-a"
 
@@ -293,6 +309,8 @@ def test_a_drained_host_hands_its_live_runs_over_and_loses_nothing(
     assert "host host-a drained" in drain.stdout
     assert drained.poll() is not None, "the drained worker exited"
     a.start_worker(concurrency=2, pool=pool)  # the redeploy
+    for token in tokens:
+        release_held(token)
 
     view = json.loads(a.run_cli("hosts", "--json").stdout)
     assert [host["host_id"] for host in view] == ["host-a"]
