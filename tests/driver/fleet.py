@@ -349,17 +349,16 @@ sys.exit(child.wait())
 
 
 def held_agent(agent: dict[str, Any], token: str, lines: int | Sequence[int]) -> dict[str, Any]:
-    """``agent`` (a preset) as an inline spec that stops after ``lines`` lines of output
-    (or after each of several line numbers) until ``release_held(token)``: the same bytes
-    as ``agent``'s, so its oracle is ``agent``'s. A crash test kills the owner while the
-    agent is held, so the run cannot have settled first however slow the machine. A
-    continuation is ``agent``'s own."""
+    """``agent`` (a preset or an inline spec) as an inline spec that stops after ``lines``
+    lines of output (or after each of several line numbers) until ``release_held(token)``:
+    the same bytes as ``agent``'s, so its oracle is ``agent``'s. A crash test kills the
+    owner while the agent is held, so the run cannot have settled first however slow the
+    machine. A continuation is ``agent``'s own."""
     spec = AgentSpec.from_payload(dict(agent))
-    assert isinstance(spec.continue_, list)
     holds = ",".join(map(str, [lines] if isinstance(lines, int) else lines))
     return {
         "command": [sys.executable, "-c", _HOLD, token, holds, *spec.command],
-        "continue": list(spec.continue_),
+        "continue": spec.continue_ if isinstance(spec.continue_, bool) else [*spec.continue_],
         "format": spec.format,
     }
 

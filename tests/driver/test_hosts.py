@@ -38,7 +38,6 @@ from tests.driver.fleet import (
 from tests.driver.test_sandbox_loss import (
     _assert_consistent,
     _assert_every_call_answered_once,
-    _wait_for_chunks,
 )
 from turnkeeper.config import Settings
 from turnkeeper.driver.lifecycle import INTERRUPTED
@@ -84,6 +83,12 @@ def _host_of(owner: str) -> str:
     return owner.split(":", 1)[0]
 
 
+def _wait_held_run(fleet: Fleet, run_id: str, token: str) -> Run:
+    """The run once its ``held_agent(..., token, ...)`` holds (a hang guard)."""
+    wait_held(token)
+    return fleet.client.require(run_id)
+
+
 def _assert_oracle(
     fleet: Fleet, run: Run, agent: dict[str, Any], prompt: str, workdir: Path
 ) -> None:
@@ -123,8 +128,9 @@ def test_a_worker_restarted_on_its_host_resumes_the_run_there(
     a, b = make_host("host-a"), make_host("host-b")
     a.start_worker()
     a.wait_ready()
-    run = a.client.submit(LONG, PROMPT)
-    owned = _wait_for_chunks(a, run.run_id, 10)
+    token = secrets.token_hex(8)  # held until its worker is back: nothing ends first
+    run = a.client.submit(held_agent(LONG, token, 10), PROMPT)
+    owned = _wait_held_run(a, run.run_id, token)
     assert owned.owner is not None
     assert _host_of(owned.owner) == "host-a"
     assert owned.sandbox_host == "host-a"
@@ -135,6 +141,7 @@ def test_a_worker_restarted_on_its_host_resumes_the_run_there(
     a.signal_worker_of(owned, signal.SIGKILL)
     time.sleep(8)  # the scenario's outage, not a bound: host-a stays alive (60 s)
     a.start_worker()
+    release_held(token)
     done = a.wait_settled(run.run_id, timeout=240)
 
     assert done.status is RunStatus.COMPLETED, (done.error, a.dump_logs(), b.dump_logs())
@@ -166,8 +173,9 @@ def test_a_host_gone_for_good_is_declared_dead_and_its_runs_go_on_elsewhere(
     b = make_host("host-b", host_dead_after=HOST_DEAD_AFTER)
     a.start_worker()
     a.wait_ready()
-    run = a.client.submit(payload, prompt)
-    owned = _wait_for_chunks(a, run.run_id, 10 if agent == "scripted" else 5)
+    token = secrets.token_hex(8)  # held until the host is gone: nothing ends first
+    run = a.client.submit(held_agent(payload, token, 10 if agent == "scripted" else 5), prompt)
+    owned = _wait_held_run(a, run.run_id, token)
     b.start_worker()
     b.start_beat()
     b.wait_ready()
@@ -428,13 +436,15 @@ def test_on_a_shared_sandboxes_volume_any_host_follows_the_journal(
     a, b = make_host("host-a", **shared), make_host("host-b", **shared)
     a.start_worker()
     a.wait_ready()
-    run = a.client.submit(LONG, PROMPT)
-    owned = _wait_for_chunks(a, run.run_id, 10)
+    token = secrets.token_hex(8)  # held until its owner is dead: nothing ends first
+    run = a.client.submit(held_agent(LONG, token, 10), PROMPT)
+    owned = _wait_held_run(a, run.run_id, token)
     b.start_worker()
     b.start_beat()
     b.wait_ready()
 
     a.signal_worker_of(owned, signal.SIGKILL)
+    release_held(token)
     done = b.wait_settled(run.run_id, timeout=240)
 
     assert done.status is RunStatus.COMPLETED, (done.error, b.dump_logs())
