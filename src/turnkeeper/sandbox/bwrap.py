@@ -70,9 +70,10 @@ class BwrapSandbox(ProcessSandbox):
         return self.ref.root  # the workspace belongs to the agent's uid
 
     def launch(self, paths: JournalPaths, command: AgentCommand | str) -> AgentLaunch:
-        attach = ""
+        attach = members = ""
         if self.state.cgroup is not None:
             attach = f"{self.state.cgroup.attach_script()} || exit {LAUNCH_FAILED_EXIT}; "
+            members = self.state.cgroup.members_file()
         seccomp = self.state.uid is not None  # a root worker's jail: no user namespace
         if seccomp:
             write_filter(Path(self.ref.root))
@@ -89,6 +90,7 @@ class BwrapSandbox(ProcessSandbox):
             tmp_bytes=None if self.rlimits is None else self.rlimits.memory_bytes,
             seccomp=seccomp,
             prelude=attach,
+            members=members,
         )
 
 

@@ -71,6 +71,10 @@ class Cgroup:
         """Shell code that moves the shell running it into this group (then it execs)."""
         return " && ".join(f"echo 0 > {shlex.quote(p + '/cgroup.procs')}" for p in self.paths)
 
+    def members_file(self) -> str:
+        """The file that lists the pid of each process in the group, one per line."""
+        return self.paths[0] + "/cgroup.procs"
+
     def kill_script(self) -> str:
         """Shell code that kills whatever is left in the group, until it is empty."""
         procs = shlex.quote(self.paths[0] + "/cgroup.procs")

@@ -44,11 +44,14 @@ class AgentLaunch:
     exited, and ``stop`` (for the disk watcher, with the pid of ``code`` in ``$agent``)
     SIGKILLs every process of the agent and no other, even after seconds in which the
     agent's pids may have been freed and taken; empty, the watcher kills the agent's
-    process tree as it reads it right then."""
+    process tree as it reads it right then. ``members`` is a file that lists the pid of every
+    process of the agent (its cgroup's); without one the watcher reads the agent's process
+    tree from every process's parent, which costs a read of each process on the host."""
 
     code: str
     after_exit: str = ""
     stop: str = ""
+    members: str = ""
 
 
 def env_file(env: Mapping[str, str]) -> bytes:

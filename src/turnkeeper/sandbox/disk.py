@@ -20,6 +20,10 @@ measures what the agent holds on disk:
   limit, the ratio at which ``mkfs.ext4`` gives a file system inodes: empty files hold
   no blocks, yet enough of them exhaust the host's inodes.
 
+The agent's processes are its cgroup's members where it has one (a root worker's
+sandbox): one file read a round, whatever else runs on the host. Without one the
+watcher reads the agent's process tree from the parent of every process on the host.
+
 Past either limit it writes its verdict (``<journal>.limit``, beside the journal, out
 of the agent's reach) and SIGKILLs the agent, and nothing else: the pids it read at
 the start of the round may belong to other processes by then. A launch says how
@@ -101,8 +105,9 @@ def parse_verdict(data: bytes) -> DiskVerdict | None:
 
 
 # The watcher, run by the writer beside the agent ($agent: the pid of its launch, the
-# jail's bwrap). Each round: the agent's process tree, it first, from every PPid (grep
-# skips a process that vanished, which would end mawk reading its files); then one awk
+# jail's bwrap). Each round: the agent's processes, its cgroup's members where the launch
+# names their file ($members), else its process tree, it first, from every PPid (grep skips a
+# process that vanished, which would end mawk reading its files); then one awk
 # over the deleted files of the workspace's file system that tree holds (nlink 0: its
 # descriptors, and one map_files entry for each deleted device and inode its maps
 # name) and every file of the workspace, each inode once (hard links, a file open
@@ -122,7 +127,9 @@ agent_tree() {
 }
 while kill -0 "$agent" 2>/dev/null; do
   read -r began _ < /proc/uptime
-  tree=$(agent_tree)
+  if [ -n "$members" ]; then  # read by the shell itself: no process to fork
+    tree=; { while read -r pid; do tree="$tree $pid"; done < "$members"; } 2>/dev/null
+  else tree=$(agent_tree); fi
   set --; maps=
   for pid in $tree; do set -- "$@" "/proc/$pid/fd"; maps="$maps /proc/$pid/maps"; done
   measured=$({
@@ -153,7 +160,13 @@ done
 
 
 def watched_launch(
-    launch: str, workspace: str, paths: JournalPaths, limit_bytes: int, stop: str = ""
+    launch: str,
+    workspace: str,
+    paths: JournalPaths,
+    limit_bytes: int,
+    *,
+    stop: str = "",
+    members: str = "",
 ) -> str:
     """``launch`` (the writer's shell code that runs the agent) with the disk watcher
     beside it: same exit status (137 when the watcher killed the agent), and the
@@ -161,7 +174,9 @@ def watched_launch(
     output pipes, the agent's environment), so it never delays the journal's end. Each
     file the agent writes is capped at the limit too (``RLIMIT_FSIZE``). ``stop`` is the
     launch's way to kill every process of the agent and none other (``AgentLaunch.stop``);
-    without one the watcher kills the process tree it reads right then."""
+    without one the watcher kills the process tree it reads right then. ``members`` lists
+    the pids of the agent's processes (``AgentLaunch.members``); without it the watcher
+    reads the agent's process tree from every process's parent, each round."""
     settings = " ".join(
         f"{name}={shlex.quote(str(value))}"
         for name, value in (
@@ -174,6 +189,7 @@ def watched_launch(
             ("pause_factor", PAUSE_FACTOR),
             ("max_pause", MAX_PAUSE),
             ("stop", stop),
+            ("members", members),
         )
     )
     # No one file of the agent's may pass the limit (SIGXFSZ, or EFBIG where it is

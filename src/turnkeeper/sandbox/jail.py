@@ -215,12 +215,13 @@ def jailed_launch(
     tmp_bytes: int | None = None,
     seccomp: bool = False,
     prelude: str = "",
+    members: str = "",
 ) -> AgentLaunch:
     """The shell code that starts ``command`` in a jail over ``workspace``: the
     sandbox's identity files from ``root``, the operator's read-only binds and the
     command's own, the prompt on ``PROMPT_FD`` (and with ``seccomp`` the filter in
     ``root`` on ``SECCOMP_FD``). ``prelude`` runs first, outside the jail (a cgroup
-    attach)."""
+    attach); ``members`` lists the pids of the agent's processes (``AgentLaunch``)."""
     preset = command.read_only if isinstance(command, AgentCommand) else ()
     jail = Jail(
         workspace=workspace,
@@ -241,4 +242,4 @@ def jailed_launch(
     # bwrap itself is $agent (the subshell execs it), a child the writer has not reaped,
     # so its pid is no one else's; its death ends the jail's pid namespace
     # (--die-with-parent), which takes every process of the agent with it.
-    return AgentLaunch(f"( {prelude}exec {argv} ) {files}", stop=STOP_JAIL)
+    return AgentLaunch(f"( {prelude}exec {argv} ) {files}", stop=STOP_JAIL, members=members)

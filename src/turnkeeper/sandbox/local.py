@@ -144,7 +144,12 @@ class ProcessSandbox:
             return AgentLaunch(f"( {code} )")
         attach = self.state.cgroup.attach_script()
         kill = self.state.cgroup.kill_script()  # its members are the agent's alone
-        return AgentLaunch(f"( {attach} || exit {LAUNCH_FAILED_EXIT}; {code} )", kill, kill)
+        return AgentLaunch(
+            f"( {attach} || exit {LAUNCH_FAILED_EXIT}; {code} )",
+            after_exit=kill,
+            stop=kill,
+            members=self.state.cgroup.members_file(),
+        )
 
     @property
     def agent_rlimits(self) -> tuple[int, int] | None:

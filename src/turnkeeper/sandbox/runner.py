@@ -163,7 +163,9 @@ def spawn_journaled(
     launch = sandbox.launch(paths, command)
     code = launch.code
     if disk_max_bytes is not None:
-        code = watched_launch(code, ref.workspace, paths, disk_max_bytes, launch.stop)
+        code = watched_launch(
+            code, ref.workspace, paths, disk_max_bytes, stop=launch.stop, members=launch.members
+        )
     writer = writer_argv(
         paths,
         code,
