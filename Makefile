@@ -8,9 +8,11 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 PYTEST_WORKERS ?= 4
-# The suite runs heaviest first (tests/tiers.py); an idle worker takes tests queued
-# for a busy one, so no worker is left with a backlog of long tests at the end.
-PYTEST_DIST ?= --dist worksteal
+# The suite runs its longest tests first (tests/tiers.py, tests/durations.json), handed
+# out one at a time to whichever worker is free: the long tests run side by side from
+# the start and the short ones fill the gaps at the end. (xdist's other schedulers hand
+# each worker a run of consecutive tests first: one worker got every long test.)
+PYTEST_DIST ?= --dist load --maxschedchunk 1
 # `make demo DEMO_FLAGS=` keeps the stack and the dashboard up until Ctrl-C.
 DEMO_FLAGS ?= --exit
 

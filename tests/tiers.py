@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import re
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -85,20 +87,41 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test's tier, then order the suite heaviest first: the long fleet tests
-    start at once on every xdist worker and the thousand short ones fill the gaps at
-    the end, instead of one long test started last keeping a worker busy alone."""
+    """Mark each test's tier, then order the suite longest first, by the durations a
+    whole run recorded (``tests/durations.json``, ``scripts/record_durations.py``), a
+    test not recorded there by its marks. ``make test`` hands tests out one at a time to
+    whichever xdist worker is free (``--dist load --maxschedchunk 1``), so the long tests
+    start at once, side by side, and the thousand short ones fill the gaps at the end,
+    instead of one long test started last keeping a worker busy alone."""
     for item in items:
         tier = tier_of(item)
         if item.get_closest_marker(tier) is None:
             item.add_marker(tier)
-    items.sort(key=_weight)  # stable: a module's tests stay together within a rank
+    recorded = _recorded_durations()
+    items.sort(key=lambda item: _expected_seconds(item, recorded), reverse=True)
 
 
-def _weight(item: pytest.Item) -> int:
+DURATIONS = Path(__file__).with_name("durations.json")
+_GUESSED_SECONDS = {"pure": 0.0, "store": 0.2, "system": 0.4, "fleet": 0.45}
+"""What a test not in ``durations.json`` is taken to last: less than any recorded one
+(only tests of half a second or more are), in tier order."""
+
+
+def _recorded_durations() -> dict[str, float]:
+    try:
+        recorded = json.loads(DURATIONS.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    return {str(test): float(seconds) for test, seconds in recorded.items()}
+
+
+def _expected_seconds(item: pytest.Item, recorded: dict[str, float]) -> float:
+    if item.nodeid in recorded:
+        return recorded[item.nodeid]
     marked = {name for name in ("soak", "slow", *TIERS) if item.get_closest_marker(name)}
-    tier = max(TIERS.index(name) for name in marked & set(TIERS))
-    return (0 if "soak" in marked else 1) * 10 - tier * 2 - ("slow" in marked)
+    if marked & {"soak", "slow"}:
+        return 20.0  # long by its mark, though not recorded yet
+    return max(_GUESSED_SECONDS[name] for name in marked & set(TIERS))
 
 
 _current: list[pytest.Item] = []

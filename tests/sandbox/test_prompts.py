@@ -4,6 +4,7 @@ never read as an option, and never on an argv of anything but the agent itself."
 from __future__ import annotations
 
 import hashlib
+import secrets
 import time
 from pathlib import Path
 
@@ -160,7 +161,7 @@ def test_only_the_agent_itself_holds_an_argument_prompt(sandbox: Sandbox) -> Non
     """``{prompt}`` is read inside the sandbox: the writer's shell, bwrap and every other
     process on this host never have it on their command line; ``{prompt_file}`` and stdin
     put it on none at all."""
-    marker = "prompt-marker-7f3a"
+    marker = f"prompt-marker-{secrets.token_hex(8)}"  # this test's alone: others run beside it
     wait = "touch ready; while [ ! -e go ]; do sleep 0.02; done; printf '%s\\n' \"$1\""
     workspace = Path(sandbox.ref.workspace)
     for args in ([PROMPT], [PROMPT_FILE]):

@@ -114,7 +114,7 @@ def parse_verdict(data: bytes) -> DiskVerdict | None:
 # twice); then the verdict, or a pause of PAUSE_FACTOR times what the round took, within
 # MIN_PAUSE and MAX_PAUSE (from /proc/uptime, in centiseconds: no process to fork);
 # past a limit, the launch's $stop, or the tree read again. Shell arithmetic is 64-bit.
-_WATCH = r"""
+WATCHER = r"""
 dev=$(stat -c %d -- "$ws") || exit 0
 as_owner=
 if [ "$(id -u)" -ne 0 ] && unshare -r true 2>/dev/null; then as_owner="unshare -r"; fi
@@ -197,6 +197,6 @@ def watched_launch(
     file_cap = -(-limit_bytes // 512)
     return (
         f"( ulimit -f {file_cap} || exit {LAUNCH_FAILED_EXIT}; {launch} & agent=$!; "
-        f"( exec </dev/null >/dev/null 2>&1 {ENV_FD}<&-; {settings}\n{_WATCH} ) & watcher=$!; "
+        f"( exec </dev/null >/dev/null 2>&1 {ENV_FD}<&-; {settings}\n{WATCHER} ) & watcher=$!; "
         'wait "$agent" 2>/dev/null; status=$?; kill "$watcher" 2>/dev/null; exit "$status" )'
     )
