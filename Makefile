@@ -8,7 +8,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 # Six: the long fleet tests mostly wait (leases, paced agents); at four the CPU idled
-# for a third of a run (perf), at six a run took 15:50 instead of 19:41.
+# for a quarter of a run (perf), and at six a run took 15:50 instead of 19:41.
 PYTEST_WORKERS ?= 6
 # The suite runs its longest tests first (tests/tiers.py, tests/durations.json), handed
 # out one at a time to whichever worker is free: the long tests run side by side from
