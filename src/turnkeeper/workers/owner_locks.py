@@ -88,7 +88,8 @@ class OwnerLocks:
             self._thread.join(timeout=5)
 
     def held(self) -> frozenset[str]:
-        """The runs whose lock the session held when the thread last looked."""
+        """The runs whose lock this process's session holds, as the lock thread knows it:
+        a lock is in it once taken, and out of it once released or its session lost."""
         return self._held_now
 
     def _request(self, request: _Hold | _Release | None) -> None:
@@ -149,6 +150,7 @@ class OwnerLocks:
         self._unmarked.discard(claim.run_id)
         if claim.run_id in self._held:
             self._held.discard(claim.run_id)
+            self._held_now = frozenset(self._held)
             try:
                 self._session.release(claim.run_id)
             except StoreError as exc:
@@ -179,6 +181,7 @@ class OwnerLocks:
             # A new session: whatever the old one held went with it, and was just retaken.
             log.info("owner_lock.reconnected", runs=len(self._wanted), taken=len(taken))
         self._held |= taken
+        self._held_now = frozenset(self._held)  # before the marks make it visible
         self._mark(taken)
         if self._held >= set(self._wanted) and not self._unmarked:
             self._failures, self._retry_at = 0, None
@@ -225,4 +228,5 @@ class OwnerLocks:
     def _session_lost(self) -> None:
         """The session ended, and every lock it held with it: take them all back now."""
         self._held.clear()
+        self._held_now = frozenset()
         self._failures, self._retry_at = 0, 0.0 if self._wanted else None
