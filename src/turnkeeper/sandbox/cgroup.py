@@ -77,7 +77,7 @@ class Cgroup:
 
     def kill_script(self) -> str:
         """Shell code that kills whatever is left in the group, until it is empty."""
-        procs = shlex.quote(self.paths[0] + "/cgroup.procs")
+        procs = shlex.quote(self.members_file())
         return (
             f"for _ in 1 2 3 4 5 6 7 8 9 10; do pids=$(cat {procs} 2>/dev/null); "
             '[ -n "$pids" ] || break; kill -KILL $pids 2>/dev/null; sleep 0.05; done'
@@ -85,7 +85,7 @@ class Cgroup:
 
     def pids(self) -> list[int]:
         try:
-            text = Path(self.paths[0], "cgroup.procs").read_text(encoding="ascii")
+            text = Path(self.members_file()).read_text(encoding="ascii")
         except OSError:
             return []
         return [int(p) for p in text.split()]
