@@ -165,6 +165,7 @@ class PostgresLink:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._links: list[tuple[socket.socket, threading.Event]] = []
+        self._clients: list[socket.socket] = []
         self.connect_delay = 0.0
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -174,6 +175,7 @@ class PostgresLink:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            self._clients.append(client)
             threading.Thread(target=self._open, args=(client,), daemon=True).start()
 
     def _open(self, client: socket.socket) -> None:
@@ -192,6 +194,7 @@ class PostgresLink:
                     break  # the client spoke into the dead link: it learns now
                 server.sendall(data)
         client.close()
+        _end(server)  # the client left: so does its server session
 
     @staticmethod
     def _down(server: socket.socket, client: socket.socket) -> None:
@@ -203,13 +206,22 @@ class PostgresLink:
         """End every server session made so far; their clients hear nothing yet."""
         for server, cut in self._links:
             cut.set()
-            with suppress(OSError):
-                server.shutdown(socket.SHUT_RDWR)
-            server.close()
+            _end(server)
         self._links.clear()
 
     def close(self) -> None:
+        """Stop accepting and end every session still open, so no socket outlives the
+        test (a leaked one warns in whichever later test the collector runs)."""
         self._listener.close()
+        self.cut()
+        for client in self._clients:
+            _end(client)
+
+
+def _end(sock: socket.socket) -> None:
+    with suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
 
 
 @pytest.fixture
