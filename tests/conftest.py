@@ -114,10 +114,16 @@ def template_database(admin_database_url: str) -> str:
 
 @pytest.fixture
 def database_url(admin_database_url: str, template_database: str) -> Iterator[str]:
-    """A fresh database of this test's own, cloned from the migrated template."""
+    """A fresh database of this test's own, cloned from the migrated template.
+
+    Copied as files (``FILE_COPY``), not block by block through the WAL (the default
+    since PostgreSQL 15): the template's 8 MB, written to the WAL for each of a
+    thousand tests, cost more than the checkpoint a file copy takes."""
     name = f"tk_test_{uuid.uuid4().hex[:16]}"
     with psycopg.connect(admin_database_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
+        conn.execute(
+            f'CREATE DATABASE "{name}" TEMPLATE "{template_database}" STRATEGY FILE_COPY'
+        )
     try:
         yield _url_for(admin_database_url, name)
     finally:

@@ -41,14 +41,18 @@ class DevStack:
     def __init__(self, env: dict[str, str], *args: str) -> None:
         self.lines: list[str] = []
         self.up = threading.Event()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "turnkeeper", "dev", *args],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            start_new_session=True,
-        )
+        data_dir = Path(env["TURNKEEPER_DATA_DIR"])
+        data_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.stderr = data_dir.parent / f"dev-{time.monotonic_ns()}.err"
+        with self.stderr.open("wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "turnkeeper", "dev", *args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                start_new_session=True,
+            )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -58,6 +62,20 @@ class DevStack:
             self.lines.append(line)
             if line.startswith("turnkeeper dev is up"):
                 self.up.set()
+
+    def wait_up(self, timeout: float = 240.0) -> None:
+        """Until it says it is up (a hang guard); a dev that ended or hung first fails
+        the test with what it printed on both streams."""
+        deadline = time.monotonic() + timeout
+        while not self.up.wait(0.1):
+            ended = self.proc.poll()
+            if ended is not None or time.monotonic() > deadline:
+                self._reader.join(timeout=5)
+                raise AssertionError(
+                    f"turnkeeper dev {'exited ' + str(ended) if ended is not None else 'hung'}"
+                    f"\n--- stdout\n{''.join(self.lines)}"
+                    f"--- stderr\n{self.stderr.read_text(errors='replace')[-6000:]}"
+                )
 
     def field(self, name: str) -> str:
         values = [line.split()[1:] for line in self.lines if line.split()[:1] == [name]]
@@ -81,7 +99,7 @@ def test_dev_runs_the_web_app_and_the_client_finds_its_servers(tmp_path: Path) -
     port = free_port()
     dev = DevStack(env, "--port", str(port))
     try:
-        assert dev.up.wait(240), "".join(dev.lines)  # a hang guard
+        dev.wait_up()
         base_url = f"http://127.0.0.1:{port}"
         assert dev.field("dashboard") == f"{base_url}/"
         key = dev.field("key")
@@ -177,7 +195,7 @@ def test_a_dev_killed_outright_leaves_nothing_running_and_its_key_dies_with_the_
     port = free_port()
     first = DevStack(env, "--port", str(port))
     try:
-        assert first.up.wait(240), "".join(first.lines)  # a hang guard
+        first.wait_up()
         old_key = first.field("key")
         assert _fleet_of(data_dir) != []
         second = subprocess.run(  # one dev per data directory
@@ -198,7 +216,7 @@ def test_a_dev_killed_outright_leaves_nothing_running_and_its_key_dies_with_the_
 
         third = DevStack(env, "--port", str(port))
         try:
-            assert third.up.wait(240), "".join(third.lines)
+            third.wait_up()
             base_url = f"http://127.0.0.1:{port}"
             assert _status_with(base_url, third.field("key")) == 200
             assert _status_with(base_url, old_key) == 401  # revoked as the third started

@@ -258,6 +258,15 @@ class Fleet:
             ).fetchall()
         return [(row[0], row[1], row[2]) for row in rows]
 
+    def attempt_history(self, run_id: str) -> list[tuple[Any, ...]]:
+        """Each attempt of the run, whole: what a failed takeover test prints."""
+        with psycopg.connect(plain_postgres_url(self.settings.require_database_url())) as conn:
+            return conn.execute(
+                "SELECT epoch, outcome, handover_cause, owner, started_at, ended_at"
+                " FROM attempts WHERE run_id = %s ORDER BY epoch",
+                (run_id,),
+            ).fetchall()
+
     def start_pair(self) -> None:
         """Two one-slot workers and a beat: an owner, a successor and a reconciler."""
         self.start_worker()

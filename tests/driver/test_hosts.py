@@ -416,7 +416,12 @@ def test_chaos_on_three_hosts(make_host: MakeHost, tmp_path: Path) -> None:
     assert kills >= 2, "the chaos hit something"
     for run_id, (agent, prompt) in agents.items():
         done = client.require(run_id)
-        assert done.status is RunStatus.COMPLETED, (run_id, done.error)
+        assert done.status is RunStatus.COMPLETED, (
+            run_id,
+            done.error,
+            f"hit by {hits[run_id]} kills",
+            hosts["host-a"].attempt_history(run_id),
+        )
         hosts["host-a"].wait_log_closed(run_id)
         _assert_oracle(hosts["host-a"], done, agent, prompt, tmp_path / run_id)
         _assert_one_agent_process(hosts["host-a"], done)
