@@ -34,7 +34,9 @@ from turnkeeper.errors import ServiceError
 from turnkeeper.owner import owner_pid
 from turnkeeper.store.records import RunStatus
 from turnkeeper.store.session import OwnerLockSession, WatchSession, store_session_name
+from turnkeeper.store.sql.owner_locks import CANCEL_CHANNEL
 from turnkeeper.watcher import CrashWatcher
+from turnkeeper.workers.cancel_listener import CancelListener
 from turnkeeper.workers.owner_locks import OwnerLocks
 from turnkeeper.workers.runtime import WorkerRuntime
 
@@ -158,7 +160,9 @@ class PostgresLink:
     under load, a failover in progress), and whose cut ends every server session at
     once but tells its clients nothing until they next write: a link that died quietly
     (a NAT's state gone, a proxy restarted), which a client learns of only at its next
-    statement."""
+    statement. Its ``silence`` is worse: the links made so far stay open and carry
+    nothing either way, so a client waits for every reply forever (a middlebox that
+    hangs)."""
 
     def __init__(self, upstream: tuple[str, int]) -> None:
         self._upstream = upstream
@@ -166,6 +170,7 @@ class PostgresLink:
         self.port: int = self._listener.getsockname()[1]
         self._links: list[tuple[socket.socket, threading.Event]] = []
         self._clients: list[socket.socket] = []
+        self._silenced: set[socket.socket] = set()
         self.connect_delay = 0.0
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -186,21 +191,29 @@ class PostgresLink:
         threading.Thread(target=self._up, args=(client, server, cut), daemon=True).start()
         threading.Thread(target=self._down, args=(server, client), daemon=True).start()
 
-    @staticmethod
-    def _up(client: socket.socket, server: socket.socket, cut: threading.Event) -> None:
+    def _up(self, client: socket.socket, server: socket.socket, cut: threading.Event) -> None:
         with suppress(OSError):
             while data := client.recv(65536):
                 if cut.is_set():
                     break  # the client spoke into the dead link: it learns now
-                server.sendall(data)
+                if client not in self._silenced:
+                    server.sendall(data)
         client.close()
         _end(server)  # the client left: so does its server session
 
-    @staticmethod
-    def _down(server: socket.socket, client: socket.socket) -> None:
+    def _down(self, server: socket.socket, client: socket.socket) -> None:
         with suppress(OSError):
             while data := server.recv(65536):
-                client.sendall(data)
+                if client not in self._silenced:
+                    client.sendall(data)
+
+    def clients(self) -> list[socket.socket]:
+        """Every link a client opened, in order."""
+        return list(self._clients)
+
+    def silence(self) -> None:
+        """From now on, the links made so far carry nothing, and stay open."""
+        self._silenced.update(self._clients)
 
     def cut(self) -> None:
         """End every server session made so far; their clients hear nothing yet."""
@@ -309,6 +322,32 @@ def test_an_attempt_given_up_after_its_retries_lets_its_lease_go(
         assert attempt_id is not None
     finally:
         rt.close()
+
+
+def test_a_cancel_listener_whose_link_went_silent_connects_again_and_pokes_its_runs(
+    settings: Settings,
+) -> None:
+    """The listener's link hangs: nothing it sends reaches the server, no notification
+    reaches it, and nothing is closed. A cancel announced then is lost with the link,
+    so the listener must notice (its question after a quiet wait goes unanswered), cut
+    the link, connect again, and poke every run it watches."""
+    url = settings.require_database_url()
+    parts = urlsplit(url)
+    proxy = PostgresLink((parts.hostname or "127.0.0.1", parts.port or 5432))
+    listener = CancelListener(_through(url, proxy.port), application_name="silent-link")
+    poked = threading.Event()
+    try:
+        listener.watch("run-1", poked.set)
+        _wait(poked.is_set)  # each (re)connect pokes every watched run
+        poked.clear()
+        proxy.silence()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SELECT pg_notify(%s, 'run-1')", (CANCEL_CHANNEL,))
+        _wait(poked.is_set)  # a hang guard: without the question, it waits forever
+        assert len(proxy.clients()) == 2  # the silent link, then a new one
+    finally:
+        listener.close()
+        proxy.close()
 
 
 def test_a_pool_process_comes_up_while_postgres_is_slow_to_connect(

@@ -11,12 +11,17 @@ the store, as a scheduled beat would (docs/architecture.md, "Cancelling a run").
 The notification is only a wake-up: the store stays the truth, and the heartbeat's
 own beat the fallback. A notification sent while this connection was down is lost, so
 every run watched is poked after each (re)connect; a connection that cannot be made is
-tried again with backoff, while the heartbeats go on as before.
+tried again with backoff, while the heartbeats go on as before. A connection that died
+without a word (no FIN, no reset: a NAT's state dropped, a proxy that hangs) would never
+end a wait for notifications, so after each quiet wait the thread asks the server for a
+reply, and cuts the link if none comes within ``_PATIENCE``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -34,7 +39,10 @@ _CONNECT_TIMEOUT = 5
 _RETRY = (0.1, 0.5, 1.0, 2.0, 5.0)
 """Waits before connecting again after a failure; the last one repeats."""
 _IDLE = 5.0
-"""Seconds one wait for notifications lasts before the thread looks at ``close``."""
+"""Seconds one wait for notifications lasts before the thread looks at ``close`` and
+asks the server whether the link still carries anything."""
+_PATIENCE = 5.0
+"""Seconds that question may go unanswered before the link counts as dead."""
 _UNWATCHED_FOR = 60.0
 """Seconds a cancel heard for a run nobody here watched yet is remembered for its watch."""
 
@@ -86,7 +94,7 @@ class CancelListener:
         self._closed.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=_IDLE + _CONNECT_TIMEOUT + 1)
+            thread.join(timeout=_IDLE + _PATIENCE + _CONNECT_TIMEOUT + 1)
 
     # --- the thread ---------------------------------------------------------------------
 
@@ -126,6 +134,7 @@ class CancelListener:
         while not self._closed.is_set():
             for notice in conn.notifies(timeout=_IDLE):
                 self._poke(notice.payload)
+            _probe(conn)
 
     def _poke(self, run_id: str | None) -> None:
         """The pokes of ``run_id`` (of every watched run for None), each called once."""
@@ -158,3 +167,21 @@ class CancelListener:
         if conn is not None:
             with contextlib.suppress(psycopg.Error):
                 conn.close()
+
+
+def _probe(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    """A round trip to the server; a link that carries no reply within ``_PATIENCE`` is
+    shut (both ways, at the socket: the blocked read ends and psycopg raises), so the
+    thread connects again and pokes every watched run."""
+    cut = threading.Timer(_PATIENCE, _shut, args=(conn.fileno(),))
+    cut.start()
+    try:
+        conn.execute("SELECT 1")
+    finally:
+        cut.cancel()
+
+
+def _shut(fd: int) -> None:
+    log.warning("cancel_listener.silent", patience=_PATIENCE)
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
