@@ -121,9 +121,7 @@ def database_url(admin_database_url: str, template_database: str) -> Iterator[st
     thousand tests, cost more than the checkpoint a file copy takes."""
     name = f"tk_test_{uuid.uuid4().hex[:16]}"
     with psycopg.connect(admin_database_url, autocommit=True) as conn:
-        conn.execute(
-            f'CREATE DATABASE "{name}" TEMPLATE "{template_database}" STRATEGY FILE_COPY'
-        )
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}" STRATEGY FILE_COPY')
     try:
         yield _url_for(admin_database_url, name)
     finally:

@@ -190,7 +190,8 @@ def reap_host(rt: WorkerRuntime) -> ReapReport:
 
 def _destroy_settled(rt: WorkerRuntime, runs: list[Run]) -> int:
     """Destroy settled runs' sandboxes; one that is a session's workspace outlives its
-    run: the run only forgets it (the session's idle reaping destroys it)."""
+    run: the run forgets it (the session's idle reaping destroys it), and what still
+    runs there is stopped unless the session has a run under way."""
     kept = rt.store.kept_workspaces() if runs else set()
     destroyed = 0
     for run in runs:
@@ -199,10 +200,23 @@ def _destroy_settled(rt: WorkerRuntime, runs: list[Run]) -> int:
             if ref is not None and ref.id not in kept:
                 rt.provider(ref.provider).destroy(ref)
                 destroyed += 1
+            elif ref is not None:
+                _stop_leftovers(rt, run, ref)
             rt.store.forget_sandbox(run.run_id)
         except TurnkeeperError as exc:
             log.warning("reap.failed", run_id=run.run_id, error=str(exc))
     return destroyed
+
+
+def _stop_leftovers(rt: WorkerRuntime, run: Run, ref: SandboxRef) -> None:
+    """A run settled without its owner (cancelled or given up while it awaited
+    adoption, its owner frozen or dead) may have left its agent running in the
+    session's workspace, where nothing else would stop it before the session's next
+    run or its idle reaping. Stopped only while the session has no run queued or
+    running, under its admission lock: never another run's agent."""
+    with rt.store.quiet_workspace(run.session_id, ref.id) as quiet:
+        if quiet:
+            rt.provider(ref.provider).stop(ref)
 
 
 def _retire_idle(rt: WorkerRuntime, idle: list[IdleWorkspace]) -> int:

@@ -18,6 +18,7 @@ from tests.driver.fleet import Fleet, agents_under
 from turnkeeper.chunks import Chunk
 from turnkeeper.config import Settings, plain_postgres_url
 from turnkeeper.store.records import RunStatus
+from turnkeeper.store.sql.owner_locks import LISTEN_CANCELS, PROBE_LISTENER
 
 SLOW = {"preset": "scripted", "turns": 1000, "pace": 0.05}
 """An agent that talks for about a minute unless it is stopped."""
@@ -70,7 +71,9 @@ def test_a_cancel_while_the_listener_is_cut_off_is_heard_when_it_connects_again(
     cut = _sql(
         fleet,
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-        "WHERE query = 'LISTEN turnkeeper_cancel' AND datname = current_database()",
+        "WHERE query IN (%s, %s) AND datname = current_database()",
+        LISTEN_CANCELS,
+        PROBE_LISTENER,
     )
     assert cut == [(True,)], "the worker's one listening connection"
     fleet.client.cancel(run_id)  # perhaps before it listens again: then it pokes all
@@ -120,9 +123,9 @@ def test_a_cancel_of_a_run_whose_owner_is_gone_settles_it_at_once(
         fleet.stop()
 
 
-def _sql(fleet: Fleet, statement: str) -> list[tuple[Any, ...]]:
+def _sql(fleet: Fleet, statement: str, *params: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(plain_postgres_url(fleet.settings.require_database_url())) as conn:
-        return conn.execute(statement).fetchall()
+        return conn.execute(statement, params or None).fetchall()
 
 
 def test_a_cancel_racing_the_agents_end_settles_one_way_and_the_log_says_which(

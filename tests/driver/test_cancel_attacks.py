@@ -8,6 +8,7 @@ the cancel itself, never by a heartbeat that happened to come round.
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import threading
@@ -27,7 +28,7 @@ from turnkeeper.config import Settings, plain_postgres_url
 from turnkeeper.driver import lifecycle
 from turnkeeper.owner import new_owner
 from turnkeeper.store.records import Claim, RunStatus
-from turnkeeper.store.sql.owner_locks import CANCEL_CHANNEL
+from turnkeeper.store.sql.owner_locks import CANCEL_CHANNEL, LISTEN_CANCELS, PROBE_LISTENER
 from turnkeeper.store.store import Store
 from turnkeeper.workers.cancel_listener import CancelListener
 from turnkeeper.workers.lease import LeaseKeeper
@@ -39,8 +40,7 @@ GONE_MESSAGE = "the run was cancelled and its owner is gone"
 GONE: Chunk = {"type": "RUN_ERROR", "message": GONE_MESSAGE, "code": "cancelled"}
 GUARD = 60.0  # a hang guard, far below the 300 s a heartbeat would take
 LISTENERS = (
-    "SELECT count(*) FROM pg_stat_activity "
-    "WHERE query = 'LISTEN turnkeeper_cancel' AND datname = current_database()"
+    "SELECT count(*) FROM pg_stat_activity WHERE query IN (%s, %s) AND datname = current_database()"
 )
 
 
@@ -53,9 +53,9 @@ def store(settings: Settings) -> Iterator[Store]:
         store.close()
 
 
-def _sql(settings: Settings, statement: str) -> list[tuple[Any, ...]]:
+def _sql(settings: Settings, statement: str, *params: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(plain_postgres_url(settings.require_database_url())) as conn:
-        return conn.execute(statement).fetchall()
+        return conn.execute(statement, params or None).fetchall()
 
 
 def _wait_for(predicate: Any, what: str, timeout: float = GUARD) -> None:
@@ -258,13 +258,15 @@ def _cut_listeners(settings: Settings) -> int:
     rows = _sql(
         settings,
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-        "WHERE query = 'LISTEN turnkeeper_cancel' AND datname = current_database()",
+        "WHERE query IN (%s, %s) AND datname = current_database()",
+        LISTEN_CANCELS,
+        PROBE_LISTENER,
     )
     return sum(1 for (cut,) in rows if cut)
 
 
 def _listeners(settings: Settings) -> int:
-    return int(_sql(settings, LISTENERS)[0][0])
+    return int(_sql(settings, LISTENERS, LISTEN_CANCELS, PROBE_LISTENER)[0][0])
 
 
 def test_a_listener_cut_after_it_listened_a_while_reconnects_at_once(
@@ -470,3 +472,78 @@ def test_a_cancel_landing_anywhere_in_a_takeover_ends_the_run_aborted_once(
             fleet.start_worker()  # the killed one's stand-in
     finally:
         fleet.stop()
+
+
+# --- 11. a session's run cancelled while its owner is frozen --------------------------------
+
+
+SHORT_TALK = {"preset": "scripted", "turns": 2, "pace": 0.25}
+"""About ten seconds of talk (some forty lines): two reaps or more (every 5 s in a test
+fleet)."""
+
+
+def _cancel_with_the_owner_frozen(fleet: Fleet, session_id: str, *, beat: bool) -> int:
+    """A session's run talking, its owner frozen (SIGSTOP), then cancelled: the run
+    settles without it, by the reconciler's hand once its lease runs out or, with no
+    beat, by the cancel itself once it has. The other worker has a slot to spare for
+    the reaper's tasks beside the session's next run. Returns the frozen group."""
+    fleet.start_worker()
+    fleet.start_worker(concurrency=2)
+    if beat:
+        fleet.start_beat()
+    fleet.wait_ready()
+    run = fleet.client.submit(SLOW, "talk on", session_id=session_id)
+    fleet.wait_chunks(run.run_id, 3)
+    pgid = fleet.signal_worker_of(fleet.client.require(run.run_id), signal.SIGSTOP)
+    if not beat:
+        _wait_for(lambda: _lease_ran_out(fleet, run.run_id), "the lease never ran out")
+    fleet.client.cancel(run.run_id)
+    done = fleet.wait_settled(run.run_id, timeout=GUARD)
+    assert (done.status, done.error) == (
+        RunStatus.ABORTED,
+        {"reason": "cancelled", "message": GONE_MESSAGE},
+    )
+    return pgid
+
+
+def _lease_ran_out(fleet: Fleet, run_id: str) -> bool:
+    run = fleet.client.require(run_id)
+    [(now,)] = _sql(fleet.settings, "SELECT now()")
+    return run.lease_expires_at is not None and run.lease_expires_at < now
+
+
+def test_the_agent_of_a_session_run_cancelled_with_its_owner_frozen_is_stopped(
+    fleet: Fleet,
+) -> None:
+    """The frozen owner cannot stop its agent, and the session keeps its workspace (the
+    reaper does not destroy it): the reaper stops what runs there, as no run of the
+    session is under way, and keeps the files. Left alone, the agent talked on until
+    the session's next run or its workspace's retirement, a day later."""
+    root = fleet.settings.sandboxes_dir
+    pgid = _cancel_with_the_owner_frozen(fleet, "frozen-chat", beat=True)
+    try:
+        _wait_for(lambda: agents_under(root) == [], "the cancelled run's agent talks on")
+        assert [p.name for p in root.glob("*/workspace")] == ["workspace"]  # kept
+    finally:
+        os.killpg(pgid, signal.SIGCONT)
+
+
+def test_the_reaper_stops_no_agent_of_a_session_run_under_way(fleet: Fleet) -> None:
+    """The session's next run works in the same workspace (its start ends the leftover
+    agent) and is under way when the reaper first looks at the cancelled run (beat
+    starts only then): forgetting that run's sandbox, the reaper must leave the new
+    run's agent alone."""
+    root = fleet.settings.sandboxes_dir
+    pgid = _cancel_with_the_owner_frozen(fleet, "busy-chat", beat=False)
+    try:
+        follow_up = fleet.client.submit(SHORT_TALK, "and now", session_id="busy-chat")
+        fleet.wait_chunks(follow_up.run_id, 3)
+        fleet.start_beat()
+        done = fleet.wait_settled(follow_up.run_id, timeout=GUARD)
+        assert done.status is RunStatus.COMPLETED, done.error
+        assert [epoch for epoch, _, _ in fleet.attempts(follow_up.run_id)] == [1]
+        assert done.sandbox_ref is not None
+        assert [journal["process"] for journal in done.sandbox_ref["journals"]] == [1]
+        _wait_for(lambda: agents_under(root) == [], "an agent outlived its run")
+    finally:
+        os.killpg(pgid, signal.SIGCONT)

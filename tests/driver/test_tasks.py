@@ -31,6 +31,7 @@ from turnkeeper.queues import (
 )
 from turnkeeper.store.records import RunStatus
 from turnkeeper.tasks import create_app
+from turnkeeper.workers.runtime import close_runtimes
 
 AGENT = {"preset": "scripted", "turns": 1, "pace": 0.0, "seed": 9}
 
@@ -100,6 +101,7 @@ def test_a_run_through_celerys_in_process_worker(settings: Settings, tmp_path: P
                 time.sleep(0.05)
     finally:
         client.close()
+        close_runtimes()  # the tasks ran here: their runtime, its cancel listener with it
 
 
 def test_a_worker_ignores_a_django_projects_settings(settings: Settings, tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ the reaper retires it once the session has been idle for the TTL
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +94,22 @@ class WorkspacesMixin(StoreBase):
         if retired:
             log.info("workspace.retired", session_id=session_id, sandbox=sandbox_id)
         return retired
+
+    @contextmanager
+    def quiet_workspace(self, session_id: str, sandbox_id: str) -> Iterator[bool]:
+        """Whether the session's workspace is still that sandbox and no run of the
+        session is queued or running: then whatever runs there is left over from a
+        settled run, and may be stopped in the block. The session's admission lock is
+        held until the block ends, so no run is admitted to it meanwhile."""
+        params = {
+            "session_id": check_id(session_id, "session_id"),
+            "sandbox_id": check_id(sandbox_id, "sandbox_id"),
+            "ttl": 0.0,
+            "lock_key": session_lock_key(session_id),
+        }
+        with self._db.transaction("quiet_workspace", session_id=session_id) as tx:
+            tx.rows(sql.admission.LOCK_SESSION, params)
+            yield tx.one(sql.workspaces.QUIET_WORKSPACE, params) is not None
 
     def kept_workspaces(self) -> set[str]:
         """The sandbox ids that are sessions' workspaces: never a settled run's to destroy,

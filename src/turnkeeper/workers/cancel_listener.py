@@ -31,7 +31,7 @@ import structlog
 
 from turnkeeper.config import plain_postgres_url
 from turnkeeper.owner import APPLICATION_NAME_BYTES
-from turnkeeper.store.sql.owner_locks import CANCEL_CHANNEL
+from turnkeeper.store.sql.owner_locks import LISTEN_CANCELS, PROBE_LISTENER
 
 log = structlog.get_logger(__name__)
 
@@ -127,7 +127,7 @@ class CancelListener:
             application_name=self._application_name,
         )
         self._conn = conn
-        conn.execute(f"LISTEN {CANCEL_CHANNEL}")
+        conn.execute(LISTEN_CANCELS)
         self._since = time.monotonic()
         self.connected.set()
         self._poke(None)
@@ -176,7 +176,7 @@ def _probe(conn: psycopg.Connection[tuple[object, ...]]) -> None:
     cut = threading.Timer(_PATIENCE, _shut, args=(conn.fileno(),))
     cut.start()
     try:
-        conn.execute("SELECT 1")
+        conn.execute(PROBE_LISTENER)
     finally:
         cut.cancel()
 

@@ -229,6 +229,10 @@ SELECT run_id FROM recorded
 CANCEL_CHANNEL = "turnkeeper_cancel"
 """Where a cancel of a running run is announced, its run id the payload, on commit: the
 owner's worker process listens (``workers/cancel_listener.py``) and hears it at once."""
+LISTEN_CANCELS = f"LISTEN {CANCEL_CHANNEL}"
+PROBE_LISTENER = f"SELECT 1 AS {CANCEL_CHANNEL}_heard"
+"""The listener's question after a quiet wait: a link that carries no reply is dead. A
+listening session shows one of these two as its last statement."""
 
 REQUEST_CANCEL = templated("""
 WITH cancelled AS (

@@ -34,6 +34,15 @@ WHERE s.session_id = :session_id AND s.workspace -> 'sandbox' ->> 'id' = :sandbo
 RETURNING s.session_id
 """)
 
+# Run under the session's advisory lock too, with :ttl 0: the workspace is still that
+# sandbox and no run of the session is queued or running, so whatever runs there is a
+# settled run's leftover, and no run is admitted until the lock is let go.
+QUIET_WORKSPACE = templated("""
+SELECT s.session_id FROM sessions s
+WHERE s.session_id = :session_id AND s.workspace -> 'sandbox' ->> 'id' = :sandbox_id
+  AND $session_idle
+""")
+
 KEPT_WORKSPACES = Statement("""
 SELECT workspace -> 'sandbox' ->> 'id' AS sandbox_id FROM sessions
 WHERE jsonb_typeof(workspace -> 'sandbox') = 'object'
