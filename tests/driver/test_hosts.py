@@ -355,6 +355,13 @@ CHAOS_LEASE = 6.0
 MAX_HITS = Settings.model_fields["max_attempts"].default - 2
 
 
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_chaos_on_three_hosts(make_host: MakeHost, tmp_path: Path) -> None:
@@ -387,27 +394,31 @@ def test_chaos_on_three_hosts(make_host: MakeHost, tmp_path: Path) -> None:
         assert time.monotonic() < deadline, "".join(f.dump_logs() for f in hosts.values())
         time.sleep(rng.uniform(1.0, 3.0))
         owned = [client.require(run_id) for run_id in agents]
+        # A kill ends a whole worker, both pool processes: each run it holds is hit, so
+        # a worker holding a run that took all its hits is spared.
+        groups = {
+            run.run_id: _group_of(owner_pid(run.owner))
+            for run in owned
+            if run.status is RunStatus.RUNNING and run.owner
+        }
+        spared = {group for run_id, group in groups.items() if hits[run_id] >= MAX_HITS}
         targets = [
             run
             for run in owned
-            if run.status is RunStatus.RUNNING and run.owner and hits[run.run_id] < MAX_HITS
+            if groups.get(run.run_id) is not None and groups[run.run_id] not in spared
         ]
         if not targets:
             continue
         victim = rng.choice(targets)
         assert victim.owner is not None
-        name = _host_of(victim.owner)
-        pid = owner_pid(victim.owner)
-        try:
-            pgid = os.getpgid(pid)
-        except ProcessLookupError:
-            continue
+        name, pgid = _host_of(victim.owner), groups[victim.run_id]
+        assert pgid is not None  # a target's group is known
         proc = next((p for p in workers[name] if p.pid == pgid and p.poll() is None), None)
         if proc is None:
             continue
-        for run in owned:  # every run of that worker suffers the hit
-            if run.owner is not None and owner_pid(run.owner) == pid:
-                hits[run.run_id] += 1
+        for run_id, group in groups.items():
+            if group == pgid:
+                hits[run_id] += 1
         os.killpg(pgid, signal.SIGKILL)
         proc.wait()
         kills += 1
