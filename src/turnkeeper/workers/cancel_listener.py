@@ -172,16 +172,20 @@ class CancelListener:
 def _probe(conn: psycopg.Connection[tuple[object, ...]]) -> None:
     """A round trip to the server; a link that carries no reply within ``_PATIENCE`` is
     shut (both ways, at the socket: the blocked read ends and psycopg raises), so the
-    thread connects again and pokes every watched run."""
-    cut = threading.Timer(_PATIENCE, _shut, args=(conn.fileno(),))
-    cut.start()
-    try:
-        conn.execute(PROBE_LISTENER)
-    finally:
-        cut.cancel()
+    thread connects again and pokes every watched run. The shutdown goes through a
+    duplicate of the connection's descriptor, made here: whatever becomes of the
+    connection's own descriptor meanwhile, it can only ever end this connection."""
+    with socket.socket(fileno=os.dup(conn.fileno())) as link:
+        cut = threading.Timer(_PATIENCE, _shut, args=(link,))
+        cut.start()
+        try:
+            conn.execute(PROBE_LISTENER)
+        finally:
+            cut.cancel()
+            cut.join()  # a shutdown under way ends before its descriptor is closed
 
 
-def _shut(fd: int) -> None:
+def _shut(link: socket.socket) -> None:
     log.warning("cancel_listener.silent", patience=_PATIENCE)
-    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
-        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        link.shutdown(socket.SHUT_RDWR)
