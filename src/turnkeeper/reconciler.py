@@ -23,7 +23,7 @@ import structlog
 
 from turnkeeper.driver import lifecycle
 from turnkeeper.driver.ending import end_unowned_log
-from turnkeeper.errors import ServiceError, TurnkeeperError
+from turnkeeper.errors import SandboxError, ServiceError, TurnkeeperError
 from turnkeeper.hosts import HOST_LOCAL_PROVIDERS
 from turnkeeper.sandbox import SandboxRef
 from turnkeeper.store.records import Claim, Run
@@ -213,10 +213,16 @@ def _stop_leftovers(rt: WorkerRuntime, run: Run, ref: SandboxRef) -> None:
     adoption, its owner frozen or dead) may have left its agent running in the
     session's workspace, where nothing else would stop it before the session's next
     run or its idle reaping. Stopped only while the session has no run queued or
-    running, under its admission lock: never another run's agent."""
-    with rt.store.quiet_workspace(run.session_id, ref.id) as quiet:
-        if quiet:
-            rt.provider(ref.provider).stop(ref)
+    running, under its admission lock: never another run's agent. A stop that fails
+    is logged and the run forgets its sandbox all the same: the session's next run
+    stops what is left before it starts, and a reap that retried it would hold up the
+    reaping of every run settled after it."""
+    try:
+        with rt.store.quiet_workspace(run.session_id, ref.id) as quiet:
+            if quiet:
+                rt.provider(ref.provider).stop(ref)
+    except SandboxError as exc:
+        log.warning("reap.stop_failed", run_id=run.run_id, sandbox=ref.id, error=str(exc))
 
 
 def _retire_idle(rt: WorkerRuntime, idle: list[IdleWorkspace]) -> int:

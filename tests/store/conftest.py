@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from turnkeeper.store import Claim, Run, Store, Verdict
+from turnkeeper.store import Claim, Run, RunStatus, Store, Verdict
 
 LONG_LEASE = 3600.0
 # A lease this short has expired on the database clock by the time the next
@@ -53,3 +53,18 @@ def expire_lease(store: Store, claim: Claim) -> None:
     """Shrink the lease to a blink through the public API, then wait it out."""
     assert store.renew_lease(claim, BLINK_LEASE) is Verdict.DONE
     time.sleep(0.02)
+
+
+def expired(store: Store, *run_ids: str) -> list[str]:
+    """Which of ``run_ids`` are running with their lease run out on the database's
+    clock: what the reconciler's handover looks for."""
+    now = store.database_now()
+    runs = [store.get_run(run_id) for run_id in run_ids]
+    return [
+        run.run_id
+        for run in runs
+        if run is not None
+        and run.status is RunStatus.RUNNING
+        and run.lease_expires_at is not None
+        and run.lease_expires_at < now
+    ]

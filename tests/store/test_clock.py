@@ -9,7 +9,7 @@ import time
 from datetime import timedelta
 
 from tests.store import clock_workers
-from tests.store.conftest import admit, claimed
+from tests.store.conftest import admit, claimed, expired
 from turnkeeper.store import Store, Verdict, sql
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -56,7 +56,7 @@ def test_a_worker_clock_hours_ahead_neither_shortens_nor_lengthens_its_lease(
     # On the database clock the lease is live: no takeover, whatever the worker's clock says.
     assert store.replace_turn_slot_attempt("r1", seen["attempt_id"], "rec", 30) is None
     assert store.hand_over_expired(10) == []
-    assert store.expired_runs(10) == []
+    assert expired(store, "r1") == []
 
 
 def test_a_reconciler_clock_hours_behind_still_takes_over_an_expired_lease(

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.store.conftest import admit, claimed, expire_lease
+from tests.store.conftest import admit, claimed, expire_lease, expired
 from turnkeeper.errors import (
     InvalidInputError,
     SessionBusyError,
@@ -99,7 +99,12 @@ def test_hand_over_expired_hands_over_only_expired_runs_within_budget(store: Sto
         expire_lease(store, claim)
     time.sleep(0.05)
     assert store.request_cancel("cancelled") is not None
-    assert [r.run_id for r in store.expired_runs(10)] == ["stale", "spent", "late", "cancelled"]
+    assert expired(store, "fresh", "stale", "spent", "late", "cancelled") == [
+        "stale",
+        "spent",
+        "late",
+        "cancelled",
+    ]
     claims = store.hand_over_expired(10)
     assert [(c.run_id, c.epoch) for c in claims] == [("stale", 2)]
     assert claims[0].attempt_id != stale.attempt_id
@@ -109,8 +114,8 @@ def test_hand_over_expired_hands_over_only_expired_runs_within_budget(store: Sto
     assert (handed.owner, handed.lease_expires_at, handed.attempt_count) == (None, None, 1)
     assert handed.awaiting_adoption
     assert store.hand_over_expired(10) == []
-    expired = store.expire_exhausted(10)
-    assert [(r.run_id, r.status, r.error["reason"]) for r in expired] == [
+    settled = store.expire_exhausted(10)
+    assert [(r.run_id, r.status, r.error["reason"]) for r in settled] == [
         ("spent", "failed", "attempts-exhausted"),
         ("late", "failed", "deadline-exceeded"),
         ("cancelled", "aborted", "cancelled"),

@@ -176,14 +176,6 @@ class MaintenanceMixin(StoreBase):
             "record_attempt_log_seq", sql.reads.RECORD_ATTEMPT_LOG_SEQ, params, run_id=claim.run_id
         )
 
-    def expired_runs(self, limit: int) -> list[Run]:
-        """Running runs whose lease expired on the database clock (a read, for operators).
-
-        To hand them over, use ``hand_over_expired``, which locks with SKIP LOCKED.
-        """
-        rows = self._db.rows("expired_runs", sql.reads.EXPIRED_RUNS, {"limit": check_limit(limit)})
-        return [Run.from_row(r) for r in rows]
-
     def stale_queued_runs(self, older_than: float, limit: int) -> list[Run]:
         """Queued runs that lead their session (no earlier run of it unsettled), not
         dispatched (or admitted) within ``older_than`` seconds."""

@@ -82,13 +82,6 @@ WHERE run_id = :run_id AND attempt_id = :attempt_id AND log_seq IS NULL
               FOR SHARE)
 """)
 
-EXPIRED_RUNS = templated("""
-SELECT $run_columns FROM runs
-WHERE status = 'running' AND lease_expires_at < now()
-ORDER BY lease_expires_at, seq
-LIMIT :limit
-""")
-
 # A run queued behind an earlier unsettled run of its session is waiting, not stale:
 # the settle of the run ahead starts it (NEXT_IN_SESSION), or this sweep once it leads.
 STALE_QUEUED_RUNS = templated("""
