@@ -157,6 +157,14 @@ env_files = {{ ANTHROPIC_API_KEY = "{missing}" }}
     ]
     assert "sk-test-not-a-key" not in result.stdout + result.stderr
     assert service_lines(result.stdout) == [["ok", "database"], ["ok", "redis"], ["ok", "broker"]]
+    # What the container images wait for: the services, whatever the agents' state.
+    only = run(["doctor", "--services"], env)
+    assert only.returncode == 0, only.stdout
+    assert [line.split()[:2] for line in only.stdout.splitlines()] == [
+        ["ok", "database"],
+        ["ok", "redis"],
+        ["ok", "broker"],
+    ]
 
     agents.write_text(agents.read_text().split("[agents.broken]")[0])
     assert run(["doctor"], env).returncode == 0
